@@ -1,0 +1,243 @@
+//! One delivery's transaction: `BEGIN` at the consumer's isolation, the claim statement, the
+//! handler, `COMMIT` — and the decision of what the attempt was (`Outcome`), including the
+//! bounded whole-transaction retry on serialization failure and deadlock.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use sqlx::{AssertSqlSafe, PgPool};
+use tracing::{Instrument, debug, info_span};
+
+use crate::config::{ConsumerConfig, Isolation};
+use crate::failpoint;
+use crate::handler::{Handler, HandlerError, Message};
+use crate::pg::{self, FailureKind};
+use crate::txn::TxHandle;
+
+/// The claim statement of the pattern, verbatim: one row back means this transaction owns the
+/// message, none means a committed duplicate.
+pub const CLAIM_SQL: &str = "INSERT INTO processed_message (consumer_name, message_id) \
+                             VALUES ($1, $2) \
+                             ON CONFLICT DO NOTHING \
+                             RETURNING message_id";
+
+/// What became of one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Marker and effect committed together.
+    Applied,
+    /// The marker was already committed: the empty transaction committed, nothing ran.
+    Duplicate,
+    /// Rolled back; redeliver later.
+    RetryableFailure(String),
+    /// Rolled back; dead-letter.
+    TerminalFailure(String),
+}
+
+impl Outcome {
+    /// The label used in logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::Duplicate => "duplicate",
+            Outcome::RetryableFailure(_) => "retryable_failure",
+            Outcome::TerminalFailure(_) => "terminal_failure",
+        }
+    }
+
+    /// Whether the transaction committed (and the broker may be acked).
+    pub fn committed(&self) -> bool {
+        matches!(self, Outcome::Applied | Outcome::Duplicate)
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Outcome::RetryableFailure(r) | Outcome::TerminalFailure(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// The outcome plus what it took.
+#[derive(Debug, Clone)]
+pub struct Processed {
+    pub outcome: Outcome,
+    /// Transactions run (more than 1 after serialization failures or deadlocks).
+    pub tx_attempts: u32,
+    /// Time the claim statement took in the last attempt (waits on a competing claim show here).
+    pub claim_time: Duration,
+    /// BEGIN to COMMIT/ROLLBACK of the last attempt.
+    pub tx_time: Duration,
+}
+
+/// Per-consumer settings of the transaction.
+#[derive(Debug, Clone)]
+pub struct ClaimSettings {
+    pub consumer_name: String,
+    pub isolation: Isolation,
+    pub statement_timeout: Duration,
+    pub tx_max_attempts: u32,
+    /// First retry delay ceiling; doubles each retry up to `retry_cap` (full jitter).
+    pub retry_base: Duration,
+    pub retry_cap: Duration,
+}
+
+impl ClaimSettings {
+    pub fn for_consumer(c: &ConsumerConfig) -> Self {
+        ClaimSettings {
+            consumer_name: c.name.clone(),
+            isolation: c.isolation,
+            statement_timeout: c.statement_timeout(),
+            tx_max_attempts: c.tx_max_attempts,
+            retry_base: Duration::from_millis(10),
+            retry_cap: Duration::from_secs(1),
+        }
+    }
+
+    /// Settings with the defaults of a config file entry, for embedding and tests.
+    pub fn new(consumer_name: impl Into<String>, isolation: Isolation) -> Self {
+        ClaimSettings {
+            consumer_name: consumer_name.into(),
+            isolation,
+            statement_timeout: Duration::from_secs(5),
+            tx_max_attempts: 5,
+            retry_base: Duration::from_millis(10),
+            retry_cap: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Runs deliveries of one consumer through claim, handler and commit.
+pub struct Claimer {
+    pool: PgPool,
+    settings: ClaimSettings,
+    /// `BEGIN ...; SET LOCAL statement_timeout = ...` in one round trip.
+    begin_sql: String,
+}
+
+/// Why an attempt did not commit.
+struct AttemptFailure {
+    kind: FailureKind,
+    reason: String,
+}
+
+impl AttemptFailure {
+    fn db(context: &str, e: &sqlx::Error) -> Self {
+        AttemptFailure { kind: pg::classify(e), reason: format!("{context}: {}", pg::describe(e)) }
+    }
+}
+
+impl Claimer {
+    pub fn new(pool: PgPool, settings: ClaimSettings) -> Self {
+        let begin_sql = format!(
+            "BEGIN ISOLATION LEVEL {}; SET LOCAL statement_timeout = {}",
+            settings.isolation.sql(),
+            settings.statement_timeout.as_millis().max(1)
+        );
+        Claimer { pool, settings, begin_sql }
+    }
+
+    pub fn settings(&self) -> &ClaimSettings {
+        &self.settings
+    }
+
+    /// Processes one delivery: claims its marker and runs `handler` in one transaction,
+    /// retrying the whole transaction on 40001/40P01 up to `tx_max_attempts`.
+    pub async fn process(&self, handler: &dyn Handler, msg: &Message) -> Processed {
+        let mut attempt = 1;
+        loop {
+            let started = Instant::now();
+            let span = info_span!("idemhost.claim", tx_attempt = attempt);
+            let (result, claim_time) = self.attempt(handler, msg).instrument(span).await;
+            let done = |outcome| Processed { outcome, tx_attempts: attempt, claim_time, tx_time: started.elapsed() };
+            match result {
+                Ok(outcome) => return done(outcome),
+                Err(f) => match f.kind {
+                    FailureKind::RetryTransaction if attempt < self.settings.tx_max_attempts => {
+                        let delay = self.retry_delay(attempt);
+                        debug!(reason = %f.reason, attempt, ?delay, "transaction retry");
+                        tokio::time::sleep(delay).await;
+                        attempt += 1;
+                    }
+                    FailureKind::RetryTransaction => {
+                        return done(Outcome::RetryableFailure(format!(
+                            "{} (gave up after {attempt} transaction attempts)",
+                            f.reason
+                        )));
+                    }
+                    FailureKind::Retryable => return done(Outcome::RetryableFailure(f.reason)),
+                    FailureKind::Terminal => return done(Outcome::TerminalFailure(f.reason)),
+                },
+            }
+        }
+    }
+
+    /// Full jitter: uniform in `[0, min(cap, base * 2^(attempt-1))]`.
+    fn retry_delay(&self, attempt: u32) -> Duration {
+        let ceiling = self
+            .settings
+            .retry_base
+            .saturating_mul(1u32 << (attempt - 1).min(16))
+            .min(self.settings.retry_cap);
+        let micros = rand::rng().random_range(0..=ceiling.as_micros() as u64);
+        Duration::from_micros(micros)
+    }
+
+    async fn attempt(&self, handler: &dyn Handler, msg: &Message) -> (Result<Outcome, AttemptFailure>, Duration) {
+        let mut tx = match self.pool.begin_with(AssertSqlSafe(self.begin_sql.clone())).await {
+            Ok(tx) => tx,
+            Err(e) => return (Err(AttemptFailure::db("failed to begin transaction", &e)), Duration::ZERO),
+        };
+        let claim_started = Instant::now();
+        let claimed = sqlx::query(CLAIM_SQL)
+            .bind(&self.settings.consumer_name)
+            .bind(&msg.id)
+            .fetch_optional(&mut *tx)
+            .await;
+        let claim_time = claim_started.elapsed();
+        let result = match claimed {
+            Err(e) => Err(AttemptFailure::db("failed to claim marker", &e)),
+            Ok(None) => tx
+                .commit()
+                .await
+                .map(|()| Outcome::Duplicate)
+                .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e)),
+            Ok(Some(_)) => {
+                failpoint::hit("after_claim");
+                self.run_handler(handler, msg, TxHandle::new(tx)).await
+            }
+        };
+        (result, claim_time)
+    }
+
+    /// Runs the handler on the claimed transaction and commits or rolls back.
+    async fn run_handler(&self, handler: &dyn Handler, msg: &Message, handle: TxHandle) -> Result<Outcome, AttemptFailure> {
+        let span = info_span!("idemhost.plugin.handle");
+        let result = handler.handle(&handle, msg).instrument(span).await;
+        let (tx, poison) = handle.take().await;
+        let Some(tx) = tx else {
+            return Err(AttemptFailure { kind: FailureKind::Retryable, reason: "transaction lost during the handler".into() });
+        };
+        // A serialization failure inside the handler retries the whole transaction whatever
+        // the handler answered; otherwise the handler's own error wins; an `Ok` after a
+        // database error is never committed (the transaction is aborted in PostgreSQL).
+        let failure = match (result, poison) {
+            (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure { kind: p.kind, reason: p.reason }),
+            (Err(HandlerError::Retryable(r)), _) => Some(AttemptFailure { kind: FailureKind::Retryable, reason: r }),
+            (Err(HandlerError::Terminal(r)), _) => Some(AttemptFailure { kind: FailureKind::Terminal, reason: r }),
+            (Ok(()), Some(p)) => Some(AttemptFailure {
+                kind: p.kind,
+                reason: format!("handler returned ok after a database error: {}", p.reason),
+            }),
+            (Ok(()), None) => None,
+        };
+        if let Some(failure) = failure {
+            if let Err(e) = tx.rollback().await {
+                debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
+            }
+            return Err(failure);
+        }
+        failpoint::hit("before_commit");
+        tx.commit().await.map(|()| Outcome::Applied).map_err(|e| AttemptFailure::db("failed to commit", &e))
+    }
+}

@@ -1,0 +1,158 @@
+//! The `idemhost` command line: `run`, `migrate`, and `publish` (a producer helper for scripts
+//! and demos). Parsing lives here; every command calls the library.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::Config;
+use crate::host::{Host, RunOptions};
+use crate::pg;
+
+#[derive(Debug, Parser)]
+#[command(name = "idemhost", version, about = "Idempotent NATS JetStream consumer host with WASM handlers")]
+pub struct Cli {
+    /// Log line format (default: the config's `host.log_format`, else text).
+    #[arg(long, env = "IDEMHOST_LOG_FORMAT", global = true)]
+    pub log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume every configured consumer until SIGINT/SIGTERM.
+    Run {
+        #[arg(long, env = "IDEMHOST_CONFIG")]
+        config: PathBuf,
+        /// Do not apply the host's migrations at start-up.
+        #[arg(long)]
+        no_migrate: bool,
+    },
+    /// Apply the host's migrations (the `processed_message` table) and exit.
+    Migrate {
+        #[arg(long, env = "IDEMHOST_CONFIG")]
+        config: PathBuf,
+    },
+    /// Publish one message to JetStream and wait for the stream's ack.
+    Publish {
+        #[arg(long, env = "IDEMHOST_NATS__URL", default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        #[arg(long)]
+        subject: String,
+        /// The stable message id (sent as `Nats-Msg-Id`). Omit to publish without one.
+        #[arg(long)]
+        id: Option<String>,
+        /// Sent as `Idemhost-Event-Type`.
+        #[arg(long)]
+        event_type: Option<String>,
+        /// Extra header, `Name: value` (repeatable).
+        #[arg(long = "header", value_parser = parse_header)]
+        headers: Vec<(String, String)>,
+        /// The payload (e.g. JSON text).
+        payload: String,
+    },
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once(':').ok_or("expected `Name: value`")?;
+    Ok((k.trim().to_string(), v.trim().to_string()))
+}
+
+/// Runs the parsed command line.
+pub async fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run { config, no_migrate } => {
+            let config = Config::load(&config)?;
+            init_tracing(cli.log_format.or(config_log_format(&config)));
+            Host::new(config).run(RunOptions { migrate: !no_migrate }, shutdown_signal()).await
+        }
+        Command::Migrate { config } => {
+            let config = Config::load(&config)?;
+            init_tracing(cli.log_format.or(config_log_format(&config)));
+            let pool = pg::connect(&config.postgres.url, config.postgres.schema.as_deref(), 1, config.postgres.acquire_timeout.0).await?;
+            pg::migrate(&pool).await?;
+            println!("migrations applied to {}", pg::redact_url(&config.postgres.url));
+            Ok(())
+        }
+        Command::Publish { nats_url, subject, id, event_type, headers, payload } => {
+            let client = async_nats::connect(nats_url.as_str())
+                .await
+                .with_context(|| format!("failed to connect to NATS at {}", pg::redact_url(&nats_url)))?;
+            let js = async_nats::jetstream::new(client);
+            let mut map = async_nats::HeaderMap::new();
+            if let Some(id) = &id {
+                map.insert("Nats-Msg-Id", id.as_str());
+            }
+            if let Some(t) = &event_type {
+                map.insert(crate::source::EVENT_TYPE_HEADER, t.as_str());
+            }
+            for (k, v) in &headers {
+                map.insert(k.as_str(), v.as_str());
+            }
+            let ack = js
+                .publish_with_headers(subject.clone(), map, payload.into_bytes().into())
+                .await
+                .context("failed to publish")?
+                .await
+                .context("JetStream did not store the message")?;
+            println!(
+                "published to {} (stream {}, seq {}{})",
+                subject,
+                ack.stream,
+                ack.sequence,
+                if ack.duplicate { ", duplicate id: dropped by the broker's duplicate window" } else { "" }
+            );
+            Ok(())
+        }
+    }
+}
+
+fn config_log_format(config: &Config) -> Option<LogFormat> {
+    match config.host.log_format.as_deref() {
+        Some("json") => Some(LogFormat::Json),
+        Some("text") => Some(LogFormat::Text),
+        _ => None,
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+pub fn init_tracing(format: Option<LogFormat>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format.unwrap_or(LogFormat::Text) {
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Resolves on SIGINT or SIGTERM (also as PID 1 in a container: tokio installs real handlers).
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

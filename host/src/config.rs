@@ -1,0 +1,491 @@
+//! The host's configuration: TOML (`idemhost run --config FILE`) with `IDEMHOST_*` environment
+//! overrides, validated as a whole before any consumer starts, with errors that name the key.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The NATS server with JetStream.
+    #[serde(default)]
+    pub nats: NatsConfig,
+    /// The PostgreSQL database holding markers and the handlers' business tables.
+    pub postgres: PostgresConfig,
+    /// Process-wide settings.
+    #[serde(default)]
+    pub host: HostConfig,
+    /// One entry per logical consumer (`[[consumer]]`).
+    #[serde(rename = "consumer", default)]
+    pub consumers: Vec<ConsumerConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Server URL, e.g. `nats://127.0.0.1:4222`; credentials in the URL are redacted in logs.
+    #[serde(default = "default_nats_url")]
+    pub url: String,
+    /// How long the first connection may take before start-up fails.
+    #[serde(default = "d_5s")]
+    pub connect_timeout: Dur,
+    /// How long a JetStream API request (publish, ack confirmation, consumer info) may take.
+    #[serde(default = "d_5s")]
+    pub request_timeout: Dur,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig { url: default_nats_url(), connect_timeout: d_5s(), request_timeout: d_5s() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// Connection URL, e.g. `postgres://app@127.0.0.1:5432/app`.
+    pub url: String,
+    /// Pool size. Every in-flight delivery holds one connection, so the sum of the consumers'
+    /// `max_in_flight` should not exceed it.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Schema put first on the search path (markers and handler tables live there).
+    #[serde(default)]
+    pub schema: Option<String>,
+    /// How long a delivery waits for a free connection before it fails as retryable.
+    #[serde(default = "d_10s")]
+    pub acquire_timeout: Dur,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// After SIGTERM/SIGINT, how long in-flight deliveries may take to finish; what is still
+    /// running then is rolled back and left unacknowledged (the broker redelivers it).
+    #[serde(default = "d_30s")]
+    pub shutdown_timeout: Dur,
+    /// `text` or `json` log lines (also `--log-format`, `IDEMHOST_LOG_FORMAT`).
+    #[serde(default)]
+    pub log_format: Option<String>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig { shutdown_timeout: d_30s(), log_format: None }
+    }
+}
+
+/// Transaction isolation of a consumer's deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    #[default]
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+impl Isolation {
+    pub fn sql(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "READ COMMITTED",
+            Isolation::RepeatableRead => "REPEATABLE READ",
+            Isolation::Serializable => "SERIALIZABLE",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Stable logical consumer name: the marker's `consumer_name`. Never a pod or host id;
+    /// changing it is a deliberate replay of everything the stream still holds.
+    pub name: String,
+    /// JetStream stream to consume.
+    pub stream: String,
+    /// Subjects to consume (the consumer's filter); empty means the whole stream. With
+    /// `create_stream`, also the stream's subjects.
+    #[serde(default)]
+    pub subjects: Vec<String>,
+    /// The handler component (`.wasm`). May be omitted only when an embedding program
+    /// registers a native handler under this consumer's name.
+    #[serde(default)]
+    pub plugin: Option<PathBuf>,
+    /// `read-committed` (default), `repeatable-read` or `serializable`.
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// Deliveries handled at once (each holds one PostgreSQL connection).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: u32,
+    /// Deliveries of one message before a retryable failure is dead-lettered.
+    #[serde(default = "default_max_deliver")]
+    pub max_deliver: u32,
+    /// Redelivery delay after the n-th failed delivery (the last entry repeats).
+    #[serde(default = "default_backoff")]
+    pub backoff: Vec<Dur>,
+    /// Wall-clock budget of one handler call; past it the plugin is interrupted and the
+    /// delivery rolls back as retryable.
+    #[serde(default = "d_5s")]
+    pub handler_timeout: Dur,
+    /// `SET LOCAL statement_timeout` of every statement in a delivery's transaction
+    /// (default: `handler_timeout`).
+    #[serde(default)]
+    pub statement_timeout: Option<Dur>,
+    /// Memory (all linear memories and tables together) one plugin instance may use.
+    #[serde(default = "default_memory_limit")]
+    pub memory_limit: Size,
+    /// Subject that receives terminal and out-of-attempts messages, with the original id,
+    /// headers and payload plus `Idemhost-Failure-Reason`. Default `dlq.<name>`. Some stream
+    /// must capture it (with `create_stream`, the host creates one).
+    #[serde(default)]
+    pub dead_letter_subject: Option<String>,
+    /// Create the stream (and a dead-letter stream) when missing, instead of failing.
+    #[serde(default)]
+    pub create_stream: bool,
+    /// Header holding the producer's stable message id. `Idemhost-Message-Id`, set by
+    /// dead-letter replays, is read first.
+    #[serde(default = "default_id_header")]
+    pub id_header: String,
+    /// How long JetStream waits for an ack before redelivering; the host sends in-progress
+    /// acks every third of it while a delivery runs.
+    #[serde(default = "d_30s")]
+    pub ack_wait: Dur,
+    /// Attempts of the whole transaction (claim included) on serialization failure or
+    /// deadlock, before the delivery is nak'ed.
+    #[serde(default = "default_tx_attempts")]
+    pub tx_max_attempts: u32,
+    /// Durable consumer name; default derived from `name` (characters JetStream refuses
+    /// become `_`).
+    #[serde(default)]
+    pub durable: Option<String>,
+}
+
+/// Longest message id accepted (bytes); longer ids are terminal.
+pub const MAX_MESSAGE_ID_BYTES: usize = 256;
+
+impl ConsumerConfig {
+    pub fn durable_name(&self) -> String {
+        self.durable.clone().unwrap_or_else(|| {
+            self.name
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                .collect()
+        })
+    }
+
+    pub fn dead_letter_subject(&self) -> String {
+        self.dead_letter_subject.clone().unwrap_or_else(|| format!("dlq.{}", self.durable_name()))
+    }
+
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout.unwrap_or(self.handler_timeout).0
+    }
+
+    /// Redelivery delay after failed delivery number `attempt` (1-based).
+    pub fn backoff_for(&self, attempt: u32) -> Duration {
+        let i = (attempt.max(1) as usize - 1).min(self.backoff.len().saturating_sub(1));
+        self.backoff.get(i).map(|d| d.0).unwrap_or(Duration::from_secs(1))
+    }
+}
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("failed to read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid environment override {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("invalid config: `{key}` {problem}")]
+    Invalid { key: String, problem: String },
+}
+
+impl Config {
+    /// Reads `path`, applies `IDEMHOST_*` overrides from the process environment, validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Config::from_toml(&text, std::env::vars(), path, base)
+    }
+
+    /// Parses TOML text with overrides from `env`; relative plugin paths resolve against
+    /// `base` (the config file's directory).
+    pub fn from_toml(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+        origin: &Path,
+        base: &Path,
+    ) -> Result<Config, ConfigError> {
+        let parse_err = |message: String| ConfigError::Parse { path: origin.to_path_buf(), message };
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+        for (var, value) in env {
+            if let Some(path) = var.strip_prefix("IDEMHOST_") {
+                if path.contains("__") {
+                    apply_override(&mut table, path, &value)
+                        .map_err(|message| ConfigError::Env { var: var.clone(), message })?;
+                }
+            }
+        }
+        let mut config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+        for c in &mut config.consumers {
+            if let Some(p) = &c.plugin {
+                if p.is_relative() {
+                    c.plugin = Some(base.join(p));
+                }
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every rule that does not need a server; the first violation names its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: String, problem: &str| Err(ConfigError::Invalid { key, problem: problem.to_string() });
+        if url::Url::parse(&self.nats.url).is_err() {
+            return bad("nats.url".into(), "is not a URL");
+        }
+        if !self.postgres.url.starts_with("postgres://") && !self.postgres.url.starts_with("postgresql://") {
+            return bad("postgres.url".into(), "must start with postgres:// or postgresql://");
+        }
+        if self.postgres.max_connections == 0 {
+            return bad("postgres.max_connections".into(), "must be at least 1");
+        }
+        if let Some(f) = &self.host.log_format {
+            if f != "text" && f != "json" {
+                return bad("host.log_format".into(), "must be \"text\" or \"json\"");
+            }
+        }
+        let mut names = HashSet::new();
+        let mut durables = HashSet::new();
+        for (i, c) in self.consumers.iter().enumerate() {
+            let key = |field: &str| format!("consumer[{i}].{field}");
+            if c.name.trim().is_empty() || c.name.len() > 200 || c.name.chars().any(char::is_whitespace) {
+                return bad(key("name"), "must be 1-200 characters without whitespace");
+            }
+            if !names.insert(c.name.clone()) {
+                return bad(key("name"), "is used by two consumers");
+            }
+            if !durables.insert(c.durable_name()) {
+                return bad(key("durable"), "collides with another consumer's durable name");
+            }
+            if c.stream.is_empty() || c.stream.chars().any(|ch| matches!(ch, '.' | '*' | '>' | ' ' | '/' | '\\')) {
+                return bad(key("stream"), "must be a JetStream stream name (no '.', '*', '>', spaces or slashes)");
+            }
+            if c.create_stream && c.subjects.is_empty() {
+                return bad(key("subjects"), "must list the stream's subjects when create_stream = true");
+            }
+            if c.max_in_flight == 0 || c.max_in_flight > 4096 {
+                return bad(key("max_in_flight"), "must be between 1 and 4096");
+            }
+            if c.max_deliver == 0 {
+                return bad(key("max_deliver"), "must be at least 1");
+            }
+            if c.backoff.is_empty() {
+                return bad(key("backoff"), "must list at least one delay");
+            }
+            if c.handler_timeout.0.is_zero() {
+                return bad(key("handler_timeout"), "must be positive");
+            }
+            if c.statement_timeout.is_some_and(|d| d.0.is_zero()) {
+                return bad(key("statement_timeout"), "must be positive");
+            }
+            if c.ack_wait.0 < Duration::from_secs(1) {
+                return bad(key("ack_wait"), "must be at least 1s");
+            }
+            if c.memory_limit.0 < (1 << 20) {
+                return bad(key("memory_limit"), "must be at least 1MiB");
+            }
+            if c.tx_max_attempts == 0 {
+                return bad(key("tx_max_attempts"), "must be at least 1");
+            }
+            if c.id_header.is_empty() {
+                return bad(key("id_header"), "must not be empty");
+            }
+            if c.dead_letter_subject().split('.').any(str::is_empty)
+                || c.dead_letter_subject().contains(['*', '>', ' '])
+            {
+                return bad(key("dead_letter_subject"), "must be a literal NATS subject");
+            }
+            if c.subjects.iter().any(|s| s.is_empty() || s.contains(' ')) {
+                return bad(key("subjects"), "must be NATS subjects");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sets `table[a][b]...` from `IDEMHOST_A__B...`; a numeric segment indexes an array of
+/// tables (`IDEMHOST_CONSUMER__0__MAX_IN_FLIGHT=4`). Values parse as TOML (numbers, booleans,
+/// arrays) and fall back to a plain string.
+fn apply_override(table: &mut toml::Table, path: &str, raw: &str) -> Result<(), String> {
+    let segments: Vec<String> = path.split("__").map(|s| s.to_ascii_lowercase()).collect();
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    set_path(table, &segments, value)
+}
+
+fn set_path(table: &mut toml::Table, segments: &[String], value: toml::Value) -> Result<(), String> {
+    let (first, rest) = segments.split_first().ok_or("empty key")?;
+    if rest.is_empty() {
+        table.insert(first.clone(), value);
+        return Ok(());
+    }
+    match table.entry(first.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+        toml::Value::Table(t) => set_path(t, rest, value),
+        toml::Value::Array(items) => {
+            let (idx, rest) = rest.split_first().ok_or("missing index")?;
+            let idx: usize = idx.parse().map_err(|_| format!("`{first}` is a list: `{idx}` is not an index"))?;
+            let len = items.len();
+            match items.get_mut(idx) {
+                Some(toml::Value::Table(t)) if !rest.is_empty() => set_path(t, rest, value),
+                Some(_) => Err(format!("`{first}` entry {idx} needs a key after the index")),
+                None => Err(format!("index {idx} of `{first}` is out of range ({len} entries)")),
+            }
+        }
+        _ => Err(format!("`{first}` is not a table")),
+    }
+}
+
+/// A duration written as a human string (`"250ms"`, `"5s"`, `"2m"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}")))
+    }
+}
+
+/// A size written as a human string (`"64MiB"`, `"512KiB"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<bytesize::ByteSize>()
+            .map(|b| Size(b.as_u64()))
+            .map_err(|e| serde::de::Error::custom(format!("invalid size {s:?}: {e}")))
+    }
+}
+
+fn default_nats_url() -> String {
+    "nats://127.0.0.1:4222".into()
+}
+fn default_max_connections() -> u32 {
+    16
+}
+fn default_max_in_flight() -> u32 {
+    16
+}
+fn default_max_deliver() -> u32 {
+    5
+}
+fn default_tx_attempts() -> u32 {
+    5
+}
+fn default_backoff() -> Vec<Dur> {
+    [100, 1_000, 10_000].map(|ms| Dur(Duration::from_millis(ms))).to_vec()
+}
+fn default_memory_limit() -> Size {
+    Size(64 << 20)
+}
+fn default_id_header() -> String {
+    "Nats-Msg-Id".into()
+}
+fn d_5s() -> Dur {
+    Dur(Duration::from_secs(5))
+}
+fn d_10s() -> Dur {
+    Dur(Duration::from_secs(10))
+}
+fn d_30s() -> Dur {
+    Dur(Duration::from_secs(30))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"
+        [nats]
+        url = "nats://127.0.0.1:4222"
+        [postgres]
+        url = "postgres://root@127.0.0.1:5432/test"
+        [[consumer]]
+        name = "inventory-reservation-v1"
+        stream = "ORDERS"
+        subjects = ["orders.placed"]
+        plugin = "plugins/inventory.wasm"
+        isolation = "serializable"
+        backoff = ["100ms", "1s"]
+        memory_limit = "32MiB"
+    "#;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::from_toml(text, env, Path::new("test.toml"), Path::new("/etc/idemhost"))
+    }
+
+    #[test]
+    fn sample_parses_with_defaults() {
+        let c = parse(SAMPLE, &[]).unwrap();
+        let con = &c.consumers[0];
+        assert_eq!(con.isolation, Isolation::Serializable);
+        assert_eq!(con.memory_limit, Size(32 << 20));
+        assert_eq!(con.max_in_flight, 16);
+        assert_eq!(con.backoff_for(1), Duration::from_millis(100));
+        assert_eq!(con.backoff_for(9), Duration::from_secs(1));
+        assert_eq!(con.plugin.as_deref(), Some(Path::new("/etc/idemhost/plugins/inventory.wasm")));
+        assert_eq!(con.dead_letter_subject(), "dlq.inventory-reservation-v1");
+        assert_eq!(con.statement_timeout(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn env_overrides_reach_nested_and_listed_keys() {
+        let c = parse(
+            SAMPLE,
+            &[
+                ("IDEMHOST_POSTGRES__URL", "postgres://app@db/app"),
+                ("IDEMHOST_CONSUMER__0__MAX_IN_FLIGHT", "4"),
+                ("IDEMHOST_CONSUMER__0__HANDLER_TIMEOUT", "250ms"),
+                ("IDEMHOST_LOG", "ignored: no double underscore"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.postgres.url, "postgres://app@db/app");
+        assert_eq!(c.consumers[0].max_in_flight, 4);
+        assert_eq!(c.consumers[0].handler_timeout, Dur(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = parse(&SAMPLE.replace("isolation = \"serializable\"", "isolation = \"chaos\""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("isolation") || err.contains("chaos"), "{err}");
+        let err = parse(&SAMPLE.replace("memory_limit = \"32MiB\"", "memory_limit = \"lots\""), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid size \"lots\""), "{err}");
+        let err = parse(&format!("{SAMPLE}\nmax_in_flight = 0\n"), &[]).unwrap_err().to_string();
+        assert!(err.contains("consumer[0].max_in_flight"), "{err}");
+        let err = parse(&format!("{SAMPLE}\nsurprise = 1\n"), &[]).unwrap_err().to_string();
+        assert!(err.contains("surprise"), "{err}");
+        let err = parse(SAMPLE, &[("IDEMHOST_CONSUMER__3__NAME", "x")]).unwrap_err().to_string();
+        assert!(err.contains("IDEMHOST_CONSUMER__3__NAME") && err.contains("out of range"), "{err}");
+    }
+}

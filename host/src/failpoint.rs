@@ -1,0 +1,24 @@
+//! Named crash points for fault tests: with the `failpoints` feature, `IDEMHOST_FAILPOINT=<name>`
+//! makes the process SIGKILL itself when it reaches that point. Without the feature, nothing.
+//!
+//! Points: `after_claim`, `before_commit`, `after_commit_before_ack`.
+
+/// Kills the process with SIGKILL if `name` is the selected failpoint.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    use std::sync::OnceLock;
+    static SELECTED: OnceLock<Option<String>> = OnceLock::new();
+    let selected = SELECTED.get_or_init(|| std::env::var("IDEMHOST_FAILPOINT").ok());
+    if selected.as_deref() == Some(name) {
+        eprintln!("idemhost: failpoint {name} reached, killing the process");
+        // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+/// Failpoints are compiled out of this build.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}

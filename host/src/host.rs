@@ -1,0 +1,128 @@
+//! Wiring: connect to PostgreSQL and NATS, migrate, load every consumer's handler, bind its
+//! JetStream consumer, and run all consumers until the shutdown future resolves.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::claim::{ClaimSettings, Claimer};
+use crate::config::Config;
+use crate::handler::Handler;
+use crate::pg;
+use crate::plugin::{PluginLimits, PluginRuntime};
+use crate::source;
+
+/// Start-up choices that are not part of the configuration file.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Apply the host's migrations before consuming (`idemhost run` unless `--no-migrate`).
+    pub migrate: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { migrate: true }
+    }
+}
+
+/// A consumer host: a validated configuration plus any native handlers an embedding program
+/// registers (they take the place of the consumer's `plugin`).
+pub struct Host {
+    config: Config,
+    native: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl Host {
+    pub fn new(config: Config) -> Self {
+        Host { config, native: HashMap::new() }
+    }
+
+    /// Runs `consumer` with a native Rust handler instead of a WASM plugin.
+    pub fn with_handler(mut self, consumer: &str, handler: Arc<dyn Handler>) -> Self {
+        self.native.insert(consumer.to_string(), handler);
+        self
+    }
+
+    /// Connects, migrates (unless told not to), loads and binds every consumer, then consumes
+    /// until `shutdown` resolves; in-flight deliveries then get `host.shutdown_timeout` to
+    /// finish. Any start-up problem is returned before a single message is pulled.
+    pub async fn run(self, options: RunOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let Host { config, native } = self;
+        let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
+        if total_in_flight > config.postgres.max_connections {
+            tracing::warn!(
+                total_in_flight,
+                max_connections = config.postgres.max_connections,
+                "more deliveries in flight than pooled connections; some will wait for a connection"
+            );
+        }
+        let pool = pg::connect(
+            &config.postgres.url,
+            config.postgres.schema.as_deref(),
+            config.postgres.max_connections,
+            config.postgres.acquire_timeout.0,
+        )
+        .await?;
+        if options.migrate {
+            pg::migrate(&pool).await?;
+        }
+
+        let needs_wasm = config.consumers.iter().any(|c| !native.contains_key(&c.name));
+        let runtime = if needs_wasm { Some(PluginRuntime::new()?) } else { None };
+        let mut handlers: Vec<Arc<dyn Handler>> = Vec::new();
+        for c in &config.consumers {
+            let handler: Arc<dyn Handler> = match (native.get(&c.name), &c.plugin, &runtime) {
+                (Some(h), _, _) => h.clone(),
+                (None, Some(path), Some(rt)) => {
+                    let limits = PluginLimits { timeout: c.handler_timeout.0, memory: c.memory_limit.0 as usize };
+                    let h = rt.load(path, limits).with_context(|| format!("consumer {}", c.name))?;
+                    info!(consumer = %c.name, plugin = %path.display(), digest = h.digest(), bytes = h.size(), "plugin loaded");
+                    Arc::new(h)
+                }
+                _ => anyhow::bail!("consumer {}: no `plugin` configured and no native handler registered", c.name),
+            };
+            handlers.push(handler);
+        }
+
+        let nats_url = pg::redact_url(&config.nats.url);
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(config.nats.connect_timeout.0)
+            .request_timeout(Some(config.nats.request_timeout.0))
+            .connect(config.nats.url.as_str())
+            .await
+            .with_context(|| format!("failed to connect to NATS at {nats_url}"))?;
+        let mut js = async_nats::jetstream::new(client.clone());
+        js.set_timeout(config.nats.request_timeout.0);
+
+        let mut runtimes = Vec::new();
+        for (c, handler) in config.consumers.iter().zip(handlers) {
+            let claimer = Claimer::new(pool.clone(), ClaimSettings::for_consumer(c));
+            let bound = source::bind(&js, c, claimer, handler).await?;
+            info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
+            runtimes.push(Arc::new(bound));
+        }
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let drain = config.host.shutdown_timeout.0;
+        let mut running = tokio::task::JoinSet::new();
+        for rt in runtimes {
+            running.spawn(rt.run(stop_rx.clone(), drain));
+        }
+        info!(consumers = config.consumers.len(), nats = %nats_url, "idemhost running");
+        shutdown.await;
+        info!("shutdown requested; finishing in-flight deliveries");
+        let _ = stop_tx.send(true);
+        while running.join_next().await.is_some() {}
+        // Flush acks still buffered in the client before the process exits.
+        if let Err(e) = client.flush().await {
+            tracing::warn!(error = %e, "failed to flush NATS connection");
+        }
+        pool.close().await;
+        info!("idemhost stopped");
+        Ok(())
+    }
+}

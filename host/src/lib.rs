@@ -1,0 +1,38 @@
+//! idemhost: a consumer host that makes NATS JetStream message handling idempotent by
+//! construction. Each delivery claims a `(consumer_name, message_id)` marker and runs its
+//! handler in one PostgreSQL transaction; the broker is acked only after that commit returned.
+//!
+//! # Layout (in the order a message flows through)
+//! - [`config`]: the TOML configuration, env overrides and validation.
+//! - [`source`]: JetStream binding, the pull loop, ack / nak / term and dead-lettering.
+//! - [`claim`]: the delivery's transaction — claim, handler, commit — and its [`Outcome`].
+//! - [`txn`]: the transaction handle lent to a handler for the duration of one call.
+//! - [`sql_gate`]: what handler SQL may do; parameter binding and value conversion.
+//! - [`plugin`]: WASM components — loading, validation, sandboxed per-delivery instances.
+//! - [`handler`]: the [`Handler`] trait shared by plugins and native Rust handlers.
+//! - [`pg`]: the pool, migrations, and the one classification of database errors.
+//! - [`host`]: wiring it all together and running until shutdown.
+//! - [`cli`]: the `idemhost` command line.
+//! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod claim;
+pub mod cli;
+pub mod config;
+pub mod failpoint;
+pub mod handler;
+pub mod host;
+pub mod pg;
+pub mod plugin;
+pub mod source;
+pub mod sql_gate;
+pub mod txn;
+
+pub use claim::{CLAIM_SQL, ClaimSettings, Claimer, Outcome, Processed};
+pub use config::{Config, ConsumerConfig, Isolation};
+pub use handler::{HandleFuture, Handler, HandlerError, Message};
+pub use host::Host;
+pub use plugin::{PluginLimits, PluginRuntime, WasmHandler};
+pub use sql_gate::SqlValue;
+pub use txn::{TxError, TxHandle};

@@ -1,0 +1,132 @@
+//! PostgreSQL plumbing shared by every delivery: the pool, the host's migrations, URL redaction
+//! and the one place where a database error is classified (retry the transaction, retry later,
+//! or give up on the message).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// What to do about a failed database operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Serialization failure or deadlock: run the whole transaction again (claim included).
+    RetryTransaction,
+    /// Transient (connection lost, timeout, server shutting down, resources, schema not there
+    /// yet): roll back and let the broker redeliver after a backoff.
+    Retryable,
+    /// The data itself is refused (constraint, bad value): redelivery cannot help.
+    Terminal,
+}
+
+/// Classifies a database error by SQLSTATE. Integrity (class 23) and data (class 22) errors are
+/// terminal; 40001 and 40P01 retry the transaction; everything else — including syntax and
+/// undefined-object errors, which a plugin or migration fix cures — is retryable, so messages
+/// wait for the fix rather than going to the dead-letter subject at once.
+pub fn classify(error: &sqlx::Error) -> FailureKind {
+    match error {
+        sqlx::Error::Database(db) => classify_sqlstate(db.code().as_deref().unwrap_or("")),
+        _ => FailureKind::Retryable,
+    }
+}
+
+/// Classifies a SQLSTATE code (see [`classify`]).
+pub fn classify_sqlstate(code: &str) -> FailureKind {
+    match code {
+        "40001" | "40P01" => FailureKind::RetryTransaction,
+        c if c.starts_with("23") || c.starts_with("22") => FailureKind::Terminal,
+        _ => FailureKind::Retryable,
+    }
+}
+
+/// Renders a database error for logs and plugins: `SQLSTATE: message` for server errors.
+pub fn describe(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{code}: {}", db.message()),
+            None => db.message().to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// A URL with its password replaced by `***`, for error messages and logs.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                // Setting a password only fails for URLs that cannot have one.
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<unparseable url>".to_string(),
+    }
+}
+
+/// Options for connecting: the URL plus an optional schema put first on the search path.
+pub fn connect_options(url: &str, schema: Option<&str>) -> Result<PgConnectOptions, sqlx::Error> {
+    let mut options = PgConnectOptions::from_str(url)?;
+    if let Some(schema) = schema {
+        options = options.options([("search_path", schema)]);
+    }
+    Ok(options)
+}
+
+/// Opens the pool and checks one connection, so an unreachable server is reported at start-up
+/// with its (redacted) URL rather than at the first message.
+pub async fn connect(
+    url: &str,
+    schema: Option<&str>,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> anyhow::Result<PgPool> {
+    let shown = redact_url(url);
+    let options = connect_options(url, schema)
+        .map_err(|e| anyhow::anyhow!("invalid postgres.url {shown}: {e}"))?;
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .connect_with(options)
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to connect to PostgreSQL at {shown}: {e}"))?;
+    Ok(pool)
+}
+
+/// The host's own migrations (`migrations/`), embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Applies the host's migrations (idempotent; concurrent hosts serialize on sqlx's lock).
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to apply idemhost migrations: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_classified() {
+        assert_eq!(classify_sqlstate("40001"), FailureKind::RetryTransaction);
+        assert_eq!(classify_sqlstate("40P01"), FailureKind::RetryTransaction);
+        assert_eq!(classify_sqlstate("23505"), FailureKind::Terminal);
+        assert_eq!(classify_sqlstate("23514"), FailureKind::Terminal);
+        assert_eq!(classify_sqlstate("22012"), FailureKind::Terminal);
+        assert_eq!(classify_sqlstate("57014"), FailureKind::Retryable);
+        assert_eq!(classify_sqlstate("08006"), FailureKind::Retryable);
+        assert_eq!(classify_sqlstate("42P01"), FailureKind::Retryable);
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+}

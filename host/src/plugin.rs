@@ -1,0 +1,409 @@
+//! WASM plugins: the engine, loading and validating a component against the `handler` world,
+//! and running one sandboxed instance per delivery with a deadline and a memory cap. What a
+//! plugin may touch is exactly its [`PluginState`]: the lent transaction, its limits, a log sink.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceTable};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::handler::{HandleFuture, Handler, HandlerError, Message};
+use crate::sql_gate::SqlValue;
+use crate::txn::{TxError, TxHandle};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "handler",
+        imports: { default: async | trappable },
+        exports: { default: async },
+        with: { "idemhost:consumer/database.transaction": crate::txn::TxHandle },
+    });
+}
+
+use bindings::idemhost::consumer::{database, logging, types as wit};
+
+/// How often the epoch advances; a plugin's deadline is checked (and it yields) at this grain.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Log lines one delivery may emit; the rest are counted and reported once.
+const MAX_LOG_LINES: u32 = 100;
+const MAX_LOG_LINE_BYTES: usize = 4096;
+/// Table elements are charged against the memory budget at this many bytes each.
+const TABLE_ELEMENT_BYTES: usize = 16;
+
+/// Limits applied to every instance of one consumer's plugin.
+#[derive(Debug, Clone, Copy)]
+pub struct PluginLimits {
+    /// Wall-clock budget of one `handle` call.
+    pub timeout: Duration,
+    /// Bytes of all linear memories plus tables of one instance, together.
+    pub memory: usize,
+}
+
+/// A component refused at load.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("failed to read plugin {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("plugin {path} is not a valid WebAssembly component: {reason}")]
+    Compile { path: PathBuf, reason: String },
+    #[error("plugin {path} does not fit the idemhost:consumer/handler world: {reason}")]
+    World { path: PathBuf, reason: String },
+}
+
+/// The engine and linker shared by every plugin of the process.
+pub struct PluginRuntime {
+    engine: Engine,
+    linker: Arc<Linker<PluginState>>,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl PluginRuntime {
+    pub fn new() -> anyhow::Result<Self> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("failed to create wasm engine: {e:?}"))?;
+        let mut linker = Linker::<PluginState>::new(&engine);
+        link(&mut linker).map_err(|e| anyhow::anyhow!("failed to link host interfaces: {e:?}"))?;
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let (weak_engine, stop) = (engine.weak(), ticker_stop.clone());
+        std::thread::Builder::new()
+            .name("idemhost-epoch".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    match weak_engine.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("failed to start epoch ticker: {e}"))?;
+        Ok(PluginRuntime { engine, linker: Arc::new(linker), ticker_stop })
+    }
+
+    /// Compiles and validates a component file.
+    pub fn load(&self, path: &Path, limits: PluginLimits) -> Result<WasmHandler, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        self.load_bytes(&bytes, path, limits)
+    }
+
+    /// Compiles and validates component bytes (`origin` names them in errors).
+    pub fn load_bytes(&self, bytes: &[u8], origin: &Path, limits: PluginLimits) -> Result<WasmHandler, PluginError> {
+        let path = origin.to_path_buf();
+        let digest = format!("sha256:{:x}", Sha256::digest(bytes));
+        let component = Component::from_binary(&self.engine, bytes)
+            .map_err(|e| PluginError::Compile { path: path.clone(), reason: format!("{e:#}") })?;
+        let instance_pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| PluginError::World { path: path.clone(), reason: format!("{e:#}") })?;
+        let pre = bindings::HandlerPre::new(instance_pre)
+            .map_err(|e| PluginError::World { path: path.clone(), reason: format!("{e:#}") })?;
+        Ok(WasmHandler { engine: self.engine.clone(), pre, digest, limits, size: bytes.len() })
+    }
+}
+
+impl Drop for PluginRuntime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Links the host interfaces: the idemhost world's imports, and the WASI pieces language
+/// runtimes import without a way to reach anything (empty environment and arguments, no
+/// stdin, output discarded, clocks, randomness). No filesystem, sockets or HTTP are linked,
+/// so a component importing them is refused at load.
+fn link(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    bindings::Handler::add_to_linker::<_, HasSelf<PluginState>>(linker, |s| s)?;
+    use wasmtime_wasi::cli::{WasiCli, WasiCliView as _};
+    use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView as _};
+    use wasmtime_wasi::p2::bindings::{cli, clocks, random};
+    use wasmtime_wasi::random::WasiRandom;
+    let l = linker;
+    wasmtime_wasi_io_link(l)?;
+    clocks::wall_clock::add_to_linker::<_, WasiClocks>(l, |t| t.clocks())?;
+    clocks::monotonic_clock::add_to_linker::<_, WasiClocks>(l, |t| t.clocks())?;
+    random::random::add_to_linker::<_, WasiRandom>(l, |t| t.wasi.random())?;
+    random::insecure::add_to_linker::<_, WasiRandom>(l, |t| t.wasi.random())?;
+    random::insecure_seed::add_to_linker::<_, WasiRandom>(l, |t| t.wasi.random())?;
+    cli::exit::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::environment::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::stdin::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::stdout::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::stderr::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::terminal_input::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::terminal_output::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::terminal_stdin::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::terminal_stdout::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    cli::terminal_stderr::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
+    Ok(())
+}
+
+/// `wasi:io` (error, poll, streams), which the cli and clock interfaces build on.
+fn wasmtime_wasi_io_link(l: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    struct HasIo;
+    impl wasmtime::component::HasData for HasIo {
+        type Data<'a> = &'a mut ResourceTable;
+    }
+    use wasmtime_wasi_io::bindings::wasi::io;
+    io::error::add_to_linker::<PluginState, HasIo>(l, |t| &mut t.table)?;
+    io::poll::add_to_linker::<PluginState, HasIo>(l, |t| &mut t.table)?;
+    io::streams::add_to_linker::<PluginState, HasIo>(l, |t| &mut t.table)?;
+    Ok(())
+}
+
+/// Everything one plugin instance can reach.
+pub struct PluginState {
+    table: ResourceTable,
+    wasi: WasiCtx,
+    limiter: BudgetLimiter,
+    log: LogSink,
+    timed_out: bool,
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// One budget for all memories and tables of an instance (components may have several).
+struct BudgetLimiter {
+    limit: usize,
+    used: usize,
+    exceeded: bool,
+}
+
+impl BudgetLimiter {
+    fn grow(&mut self, current: usize, desired: usize, what: &str) -> wasmtime::Result<bool> {
+        let extra = desired.saturating_sub(current);
+        if self.used.saturating_add(extra) > self.limit {
+            self.exceeded = true;
+            wasmtime::bail!("memory limit of {} bytes exceeded growing a {what}", self.limit);
+        }
+        self.used += extra;
+        Ok(true)
+    }
+}
+
+impl ResourceLimiter for BudgetLimiter {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if maximum.is_some_and(|m| desired > m) {
+            return Ok(false);
+        }
+        self.grow(current, desired, "memory")
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if maximum.is_some_and(|m| desired > m) {
+            return Ok(false);
+        }
+        self.grow(current * TABLE_ELEMENT_BYTES, desired * TABLE_ELEMENT_BYTES, "table")
+    }
+}
+
+/// Where a plugin's `log` lines go: the delivery's tracing span, bounded per delivery.
+struct LogSink {
+    digest: Arc<str>,
+    lines: u32,
+    dropped: u32,
+}
+
+/// A loaded, validated plugin. Cheap to share: every delivery instantiates it afresh.
+pub struct WasmHandler {
+    engine: Engine,
+    pre: bindings::HandlerPre<PluginState>,
+    digest: String,
+    limits: PluginLimits,
+    size: usize,
+}
+
+impl WasmHandler {
+    /// `sha256:<hex>` of the component bytes.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Component size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    async fn call(&self, tx: &TxHandle, msg: &Message) -> Result<(), HandlerError> {
+        let deadline = Instant::now() + self.limits.timeout;
+        let state = PluginState {
+            table: ResourceTable::new(),
+            wasi: WasiCtx::builder().build(),
+            limiter: BudgetLimiter { limit: self.limits.memory, used: 0, exceeded: false },
+            log: LogSink { digest: Arc::from(self.digest.as_str()), lines: 0, dropped: 0 },
+            timed_out: false,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        // Check the deadline every tick, yielding to the runtime in between so a busy plugin
+        // cannot starve other deliveries of this worker thread.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |mut ctx| {
+            if Instant::now() >= deadline {
+                ctx.data_mut().timed_out = true;
+                wasmtime::bail!("handler deadline exceeded");
+            }
+            Ok(UpdateDeadline::Yield(1))
+        });
+        let result = self.instantiate_and_handle(&mut store, tx, msg).await;
+        let state = store.data();
+        if state.log.dropped > 0 {
+            tracing::warn!(dropped = state.log.dropped, "plugin log lines dropped");
+        }
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(wit::HandlerError::Retryable(r))) => Err(HandlerError::Retryable(r)),
+            Ok(Err(wit::HandlerError::Terminal(r))) => Err(HandlerError::Terminal(r)),
+            Err(_) if state.timed_out => Err(HandlerError::Retryable(format!(
+                "plugin interrupted: handler_timeout of {:?} exceeded",
+                self.limits.timeout
+            ))),
+            Err(_) if state.limiter.exceeded => Err(HandlerError::Retryable(format!(
+                "plugin trapped: memory_limit of {} bytes exceeded",
+                self.limits.memory
+            ))),
+            Err(trap) => Err(HandlerError::Retryable(format!("plugin trapped: {}", first_line(&trap)))),
+        }
+        // The store — instance, memories, the lent handle — is dropped here, whatever happened.
+    }
+
+    async fn instantiate_and_handle(
+        &self,
+        store: &mut Store<PluginState>,
+        tx: &TxHandle,
+        msg: &Message,
+    ) -> wasmtime::Result<Result<(), wit::HandlerError>> {
+        let instance = self.pre.instantiate_async(&mut *store).await?;
+        let handle: Resource<TxHandle> = store.data_mut().table.push(tx.clone())?;
+        let wit_msg = wit::Message {
+            id: msg.id.clone(),
+            subject: msg.subject.clone(),
+            event_type: msg.event_type.clone(),
+            headers: msg.headers.clone(),
+            payload: msg.payload.to_vec(),
+            delivery_attempt: msg.delivery_attempt,
+        };
+        let rep = Resource::<TxHandle>::new_borrow(handle.rep());
+        let result = instance.idemhost_consumer_handling().call_handle(&mut *store, rep, &wit_msg).await;
+        store.data_mut().table.delete(handle)?;
+        result
+    }
+}
+
+fn first_line(e: &wasmtime::Error) -> String {
+    let text = format!("{e:?}");
+    text.lines().next().unwrap_or("").to_string()
+}
+
+impl Handler for WasmHandler {
+    fn handle<'a>(&'a self, tx: &'a TxHandle, msg: &'a Message) -> HandleFuture<'a> {
+        Box::pin(self.call(tx, msg))
+    }
+
+    fn describe(&self) -> String {
+        format!("wasm {}", self.digest)
+    }
+}
+
+impl wit::Host for PluginState {}
+
+impl database::Host for PluginState {}
+
+impl database::HostTransaction for PluginState {
+    async fn execute(&mut self, tx: Resource<TxHandle>, sql: String, params: Vec<wit::SqlValue>) -> wasmtime::Result<Result<u64, String>> {
+        let handle = self.table.get(&tx)?.clone();
+        let params: Vec<SqlValue> = params.into_iter().map(from_wit).collect();
+        guest_result(handle.execute(&sql, &params).await)
+    }
+
+    async fn query(
+        &mut self,
+        tx: Resource<TxHandle>,
+        sql: String,
+        params: Vec<wit::SqlValue>,
+    ) -> wasmtime::Result<Result<Vec<Vec<wit::SqlValue>>, String>> {
+        let handle = self.table.get(&tx)?.clone();
+        let params: Vec<SqlValue> = params.into_iter().map(from_wit).collect();
+        let rows = guest_result(handle.query(&sql, &params).await)?;
+        Ok(rows.map(|rows| rows.into_iter().map(|r| r.into_iter().map(to_wit).collect()).collect()))
+    }
+
+    async fn drop(&mut self, tx: Resource<TxHandle>) -> wasmtime::Result<()> {
+        self.table.delete(tx)?;
+        Ok(())
+    }
+}
+
+/// Refusals and database errors are data for the plugin; a handle used after its delivery
+/// traps.
+fn guest_result<T>(r: Result<T, TxError>) -> wasmtime::Result<Result<T, String>> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(TxError::Closed) => wasmtime::bail!("transaction handle used outside its delivery"),
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+impl logging::Host for PluginState {
+    async fn log(&mut self, level: String, message: String) -> wasmtime::Result<()> {
+        let sink = &mut self.log;
+        if sink.lines >= MAX_LOG_LINES {
+            sink.dropped += 1;
+            return Ok(());
+        }
+        sink.lines += 1;
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE_BYTES {
+            let mut cut = MAX_LOG_LINE_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let digest = &*sink.digest;
+        match level.as_str() {
+            "error" => tracing::error!(target: "idemhost::plugin", plugin = digest, "{message}"),
+            "warn" => tracing::warn!(target: "idemhost::plugin", plugin = digest, "{message}"),
+            "info" => tracing::info!(target: "idemhost::plugin", plugin = digest, "{message}"),
+            "trace" => tracing::trace!(target: "idemhost::plugin", plugin = digest, "{message}"),
+            _ => tracing::debug!(target: "idemhost::plugin", plugin = digest, "{message}"),
+        }
+        Ok(())
+    }
+}
+
+fn from_wit(v: wit::SqlValue) -> SqlValue {
+    match v {
+        wit::SqlValue::Null => SqlValue::Null,
+        wit::SqlValue::Boolean(b) => SqlValue::Boolean(b),
+        wit::SqlValue::Int(i) => SqlValue::Int(i),
+        wit::SqlValue::Float(f) => SqlValue::Float(f),
+        wit::SqlValue::Text(s) => SqlValue::Text(s),
+        wit::SqlValue::Bytes(b) => SqlValue::Bytes(b),
+        wit::SqlValue::Json(s) => SqlValue::Json(s),
+    }
+}
+
+fn to_wit(v: SqlValue) -> wit::SqlValue {
+    match v {
+        SqlValue::Null => wit::SqlValue::Null,
+        SqlValue::Boolean(b) => wit::SqlValue::Boolean(b),
+        SqlValue::Int(i) => wit::SqlValue::Int(i),
+        SqlValue::Float(f) => wit::SqlValue::Float(f),
+        SqlValue::Text(s) => wit::SqlValue::Text(s),
+        SqlValue::Bytes(b) => wit::SqlValue::Bytes(b),
+        SqlValue::Json(s) => wit::SqlValue::Json(s),
+    }
+}

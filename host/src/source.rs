@@ -1,0 +1,359 @@
+//! JetStream: binding a consumer's stream and durable pull consumer, the pull loop bounded by
+//! `max_in_flight`, and settling each delivery — ack (confirmed) after commit, nak with backoff,
+//! or dead-letter with the original id, headers and payload, then term.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{Consumer, pull};
+use async_nats::jetstream::{self, AckKind, stream};
+use futures::StreamExt;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::claim::{Claimer, Outcome};
+use crate::config::{ConsumerConfig, MAX_MESSAGE_ID_BYTES};
+use crate::failpoint;
+use crate::handler::{Handler, Message};
+
+/// Header read before the configured id header: set by dead-letter replays, which must carry
+/// the original id while publishing under a fresh broker-level id.
+pub const REPLAY_ID_HEADER: &str = "Idemhost-Message-Id";
+/// Header naming the event type (else the subject is used).
+pub const EVENT_TYPE_HEADER: &str = "Idemhost-Event-Type";
+/// Headers added to a dead-lettered message.
+pub const FAILURE_REASON_HEADER: &str = "Idemhost-Failure-Reason";
+pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
+pub const ORIGINAL_SUBJECT_HEADER: &str = "Idemhost-Original-Subject";
+pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
+
+/// Longest failure reason put in a header.
+const MAX_REASON_BYTES: usize = 1024;
+
+/// A bound consumer: its durable pull consumer, its handler and its claim pipeline.
+pub struct ConsumerRuntime {
+    pub config: ConsumerConfig,
+    js: jetstream::Context,
+    consumer: Consumer<pull::Config>,
+    claimer: Claimer,
+    handler: Arc<dyn Handler>,
+}
+
+/// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
+/// consumer. Errors name the consumer and what is missing.
+pub async fn bind(
+    js: &jetstream::Context,
+    config: &ConsumerConfig,
+    claimer: Claimer,
+    handler: Arc<dyn Handler>,
+) -> anyhow::Result<ConsumerRuntime> {
+    let name = &config.name;
+    let stream = if config.create_stream {
+        js.get_or_create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: config.subjects.clone(),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("consumer {name}: failed to create stream {}", config.stream))?
+    } else {
+        js.get_stream(&config.stream).await.with_context(|| {
+            format!("consumer {name}: stream {} not found (create it, or set create_stream = true)", config.stream)
+        })?
+    };
+    let dlq = config.dead_letter_subject();
+    if js.stream_by_subject(dlq.clone()).await.is_err() {
+        if config.create_stream {
+            let dlq_stream = format!("IDEMHOST_DLQ_{}", config.durable_name().replace('-', "_"));
+            js.get_or_create_stream(stream::Config { name: dlq_stream.clone(), subjects: vec![dlq.clone()], ..Default::default() })
+                .await
+                .with_context(|| format!("consumer {name}: failed to create dead-letter stream {dlq_stream}"))?;
+        } else {
+            anyhow::bail!(
+                "consumer {name}: no JetStream stream captures dead_letter_subject {dlq} (create one, or set create_stream = true)"
+            );
+        }
+    }
+    let durable = config.durable_name();
+    let mut pull_config = pull::Config {
+        durable_name: Some(durable.clone()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: config.ack_wait.0,
+        // The host enforces max_deliver itself (dead-lettering on the last attempt), so the
+        // server never silently stops redelivering a message it still holds.
+        max_deliver: -1,
+        max_ack_pending: (config.max_in_flight as i64 * 2).max(16),
+        ..Default::default()
+    };
+    match config.subjects.as_slice() {
+        [] => {}
+        [one] => pull_config.filter_subject = one.clone(),
+        many => pull_config.filter_subjects = many.to_vec(),
+    }
+    let consumer = stream
+        .get_or_create_consumer(&durable, pull_config)
+        .await
+        .with_context(|| format!("consumer {name}: failed to bind durable consumer {durable} on {}", config.stream))?;
+    Ok(ConsumerRuntime { config: config.clone(), js: js.clone(), consumer, claimer, handler })
+}
+
+impl ConsumerRuntime {
+    /// Pulls and handles deliveries until `shutdown` turns true, then stops pulling and lets
+    /// in-flight deliveries finish for up to `drain`; what is still running then is dropped
+    /// (rolled back, not acked — the broker redelivers it).
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
+        let permits = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
+        let mut tasks = JoinSet::new();
+        let mut backoff = Duration::from_millis(100);
+        'pull: while !*shutdown.borrow() {
+            let messages = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(self.config.max_in_flight as usize)
+                .heartbeat(Duration::from_secs(5))
+                .expires(Duration::from_secs(30))
+                .messages()
+                .await;
+            let mut messages = match messages {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(consumer = %self.config.name, error = %e, ?backoff, "failed to start pulling");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            loop {
+                // Take a slot first: a message is only pulled when it can start at once.
+                let permit = tokio::select! {
+                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'pull },
+                    _ = shutdown.changed() => break 'pull,
+                };
+                let next = tokio::select! {
+                    n = messages.next() => n,
+                    _ = shutdown.changed() => break 'pull,
+                };
+                while tasks.try_join_next().is_some() {}
+                match next {
+                    Some(Ok(msg)) => {
+                        let this = self.clone();
+                        tasks.spawn(async move {
+                            this.settle(msg).await;
+                            drop(permit);
+                        });
+                    }
+                    Some(Err(e)) => {
+                        debug!(consumer = %self.config.name, error = %e, "pull stream error");
+                    }
+                    None => continue 'pull,
+                }
+            }
+        }
+        info!(consumer = %self.config.name, in_flight = tasks.len(), "stopped pulling, draining");
+        let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            warn!(consumer = %self.config.name, left = tasks.len(), "drain timeout; rolling back unfinished deliveries");
+            tasks.shutdown().await;
+        }
+    }
+
+    /// Handles one delivery start to finish and settles it with the broker.
+    async fn settle(&self, msg: jetstream::Message) {
+        let (attempt, stream_seq) = match msg.info() {
+            Ok(info) => (u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1), info.stream_sequence),
+            Err(_) => (1, 0),
+        };
+        let headers = msg.message.headers.clone().unwrap_or_default();
+        let event_type = header(&headers, EVENT_TYPE_HEADER);
+        let trace_id = header(&headers, "traceparent").and_then(|t| t.split('-').nth(1).map(str::to_string));
+        let id = message_id(&headers, &self.config.id_header);
+        let span = info_span!(
+            "idemhost.delivery",
+            consumer = %self.config.name,
+            message_id = id.as_deref().unwrap_or(""),
+            event_type = event_type.as_deref().unwrap_or(msg.message.subject.as_str()),
+            trace_id = trace_id.as_deref().unwrap_or(""),
+            attempt,
+            stream_seq,
+            "messaging.system" = "nats",
+            "messaging.operation" = "process",
+        );
+        async {
+            let id = match id {
+                Ok(id) => id,
+                Err(reason) => {
+                    warn!(outcome = "terminal_failure", %reason, "delivery refused");
+                    self.dead_letter(&msg, &reason, attempt).await;
+                    return;
+                }
+            };
+            let message = Message {
+                id,
+                subject: msg.message.subject.to_string(),
+                event_type,
+                headers: flatten(&headers),
+                payload: msg.message.payload.clone(),
+                delivery_attempt: attempt,
+            };
+            let processed = self.with_progress(&msg, self.claimer.process(self.handler.as_ref(), &message)).await;
+            let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
+            match &processed.outcome {
+                Outcome::Applied | Outcome::Duplicate => {
+                    failpoint::hit("after_commit_before_ack");
+                    match msg.double_ack().await {
+                        Ok(()) => info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done"),
+                        // The marker is committed: a redelivery will be a duplicate.
+                        Err(e) => warn!(outcome = processed.outcome.label(), error = %e, "ack not confirmed; redelivery will be a duplicate"),
+                    }
+                }
+                Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver => {
+                    let delay = self.config.backoff_for(attempt);
+                    warn!(outcome = "retryable_failure", %reason, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
+                    if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
+                        warn!(error = %e, "nak failed; the broker redelivers after ack_wait");
+                    }
+                }
+                Outcome::RetryableFailure(reason) => {
+                    let reason = format!("{reason} (after {attempt} deliveries, max_deliver {})", self.config.max_deliver);
+                    warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
+                    self.dead_letter(&msg, &reason, attempt).await;
+                }
+                Outcome::TerminalFailure(reason) => {
+                    warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
+                    self.dead_letter(&msg, reason, attempt).await;
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Runs `work`, telling JetStream the delivery is in progress every third of `ack_wait` so
+    /// a slow (but bounded) delivery is not redelivered to someone else meanwhile.
+    async fn with_progress<T>(&self, msg: &jetstream::Message, work: impl Future<Output = T>) -> T {
+        let every = self.config.ack_wait.0 / 3;
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = tokio::time::sleep(every) => {
+                    if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                        debug!(error = %e, "in-progress ack failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes the message to the dead-letter subject (original headers — the id included —
+    /// and payload, plus the reason) and, once JetStream stored it, terminates the delivery.
+    /// If the publish fails the delivery is nak'ed instead, so nothing is lost.
+    async fn dead_letter(&self, msg: &jetstream::Message, reason: &str, attempt: u32) {
+        let mut headers = msg.message.headers.clone().unwrap_or_default();
+        headers.insert(FAILURE_REASON_HEADER, header_safe(reason).as_str());
+        headers.insert(FAILED_CONSUMER_HEADER, self.config.name.as_str());
+        headers.insert(ORIGINAL_SUBJECT_HEADER, msg.message.subject.as_str());
+        headers.insert(DELIVERY_ATTEMPT_HEADER, attempt.to_string().as_str());
+        let subject = self.config.dead_letter_subject();
+        let published = async {
+            self.js
+                .publish_with_headers(subject.clone(), headers, msg.message.payload.clone())
+                .await?
+                .await
+                .map_err(async_nats::Error::from)
+        }
+        .await;
+        match published {
+            Ok(_) => {
+                if let Err(e) = msg.double_ack_with(AckKind::Term).await {
+                    warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
+                } else {
+                    info!(dead_letter_subject = %subject, "dead-lettered");
+                }
+            }
+            Err(e) => {
+                error!(dead_letter_subject = %subject, error = %e, "dead-letter publish failed; nak instead");
+                let _ = msg.ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt)))).await;
+            }
+        }
+    }
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers.get(name).map(|v| v.as_str().to_string())
+}
+
+/// The delivery's message id: `Idemhost-Message-Id` if present, else `id_header`. Missing,
+/// empty and over-long ids are refused (terminal): an id is never invented.
+pub fn message_id(headers: &HeaderMap, id_header: &str) -> Result<String, String> {
+    let (name, value) = match header(headers, REPLAY_ID_HEADER) {
+        Some(v) => (REPLAY_ID_HEADER, v),
+        None => match header(headers, id_header) {
+            Some(v) => (id_header, v),
+            None => return Err(format!("missing message id header {id_header}")),
+        },
+    };
+    if value.trim().is_empty() {
+        return Err(format!("empty message id in header {name}"));
+    }
+    if value.len() > MAX_MESSAGE_ID_BYTES {
+        return Err(format!("message id in header {name} is {} bytes, over the {MAX_MESSAGE_ID_BYTES}-byte limit", value.len()));
+    }
+    Ok(value)
+}
+
+fn flatten(headers: &HeaderMap) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (name, values) in headers.iter() {
+        for v in values {
+            out.push((name.to_string(), v.as_str().to_string()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A reason fit for a header value: one line, bounded length.
+fn header_safe(reason: &str) -> String {
+    let mut s: String = reason.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if s.len() > MAX_REASON_BYTES {
+        let mut cut = MAX_REASON_BYTES;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_id_prefers_replay_header_and_refuses_bad_ids() {
+        let mut h = HeaderMap::new();
+        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("missing"));
+        h.insert("Nats-Msg-Id", "");
+        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("empty"));
+        h.insert("Nats-Msg-Id", "x".repeat(257).as_str());
+        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("257 bytes"));
+        h.insert("Nats-Msg-Id", "x".repeat(256).as_str());
+        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap().len(), 256);
+        h.insert(REPLAY_ID_HEADER, "evt-7");
+        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap(), "evt-7");
+    }
+
+    #[test]
+    fn reasons_are_header_safe() {
+        assert_eq!(header_safe("a\nb\r\nc"), "a b  c");
+        assert_eq!(header_safe(&"é".repeat(1000)).len(), 1024);
+    }
+}
