@@ -77,7 +77,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate { config } => {
             let config = Config::load(&config)?;
             init_tracing(cli.log_format.or(config_log_format(&config)));
-            let pool = pg::connect(&config.postgres.url, config.postgres.schema.as_deref(), 1, config.postgres.acquire_timeout.0).await?;
+            let pool = pg::connect(&config.postgres, 1).await?;
             pg::migrate(&pool).await?;
             println!("migrations applied to {}", pg::redact_url(&config.postgres.url));
             Ok(())

@@ -59,6 +59,9 @@ pub struct PostgresConfig {
     /// How long a delivery waits for a free connection before it fails as retryable.
     #[serde(default = "d_10s")]
     pub acquire_timeout: Dur,
+    /// `application_name` of the host's sessions, as `pg_stat_activity` shows it.
+    #[serde(default = "default_application_name")]
+    pub application_name: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -384,6 +387,9 @@ impl<'de> Deserialize<'de> for Size {
 
 fn default_nats_url() -> String {
     "nats://127.0.0.1:4222".into()
+}
+fn default_application_name() -> String {
+    "idemhost".into()
 }
 fn default_max_connections() -> u32 {
     16

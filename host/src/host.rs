@@ -60,13 +60,7 @@ impl Host {
                 "more deliveries in flight than pooled connections; some will wait for a connection"
             );
         }
-        let pool = pg::connect(
-            &config.postgres.url,
-            config.postgres.schema.as_deref(),
-            config.postgres.max_connections,
-            config.postgres.acquire_timeout.0,
-        )
-        .await?;
+        let pool = pg::connect(&config.postgres, config.postgres.max_connections).await?;
         if options.migrate {
             pg::migrate(&pool).await?;
         }

@@ -3,10 +3,11 @@
 //! or give up on the message).
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::PostgresConfig;
 
 /// What to do about a failed database operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,9 +66,10 @@ pub fn redact_url(raw: &str) -> String {
     }
 }
 
-/// Options for connecting: the URL plus an optional schema put first on the search path.
-pub fn connect_options(url: &str, schema: Option<&str>) -> Result<PgConnectOptions, sqlx::Error> {
-    let mut options = PgConnectOptions::from_str(url)?;
+/// Options for connecting: the URL, an optional schema put first on the search path, and the
+/// session's `application_name`.
+pub fn connect_options(url: &str, schema: Option<&str>, application_name: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    let mut options = PgConnectOptions::from_str(url)?.application_name(application_name);
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
     }
@@ -76,18 +78,14 @@ pub fn connect_options(url: &str, schema: Option<&str>) -> Result<PgConnectOptio
 
 /// Opens the pool and checks one connection, so an unreachable server is reported at start-up
 /// with its (redacted) URL rather than at the first message.
-pub async fn connect(
-    url: &str,
-    schema: Option<&str>,
-    max_connections: u32,
-    acquire_timeout: Duration,
-) -> anyhow::Result<PgPool> {
+pub async fn connect(config: &PostgresConfig, max_connections: u32) -> anyhow::Result<PgPool> {
+    let url = config.url.as_str();
     let shown = redact_url(url);
-    let options = connect_options(url, schema)
+    let options = connect_options(url, config.schema.as_deref(), &config.application_name)
         .map_err(|e| anyhow::anyhow!("invalid postgres.url {shown}: {e}"))?;
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(acquire_timeout)
+        .acquire_timeout(config.acquire_timeout.0)
         .connect_with(options)
         .await
         .map_err(|e| anyhow::anyhow!("failed to connect to PostgreSQL at {shown}: {e}"))?;

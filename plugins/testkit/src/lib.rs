@@ -5,7 +5,8 @@
 //! `{"execute": SQL, "params": [...]}`, `{"query": SQL, "params": [...]}` (an error from either
 //! ends the script with `retryable(error)` unless `"keep_going": true`, in which case the error
 //! text is recorded by the next `{"record_errors": TABLE}` step), `{"fail": "retryable" |
-//! "terminal", "reason": TEXT}`, `"trap"`, `"loop"`, `{"alloc_mib": N}`, `{"log": TEXT}`.
+//! "terminal", "reason": TEXT}`, `{"fail_before_attempt": N}` (retryable while the delivery
+//! attempt is below N), `"trap"`, `"loop"`, `{"alloc_mib": N}`, `{"log": TEXT}`.
 //! Params are JSON: null, bool, integer, float or string.
 
 wit_bindgen::generate!({ path: "../../wit", world: "handler" });
@@ -63,6 +64,11 @@ impl Guest for Testkit {
                     "terminal" => HandlerError::Terminal(reason.to_string()),
                     _ => HandlerError::Retryable(reason.to_string()),
                 });
+            } else if let Some(n) = step.get("fail_before_attempt").and_then(Value::as_u64) {
+                if u64::from(msg.delivery_attempt) < n {
+                    return Err(HandlerError::Retryable(format!("attempt {} < {n}", msg.delivery_attempt)));
+                }
+                Ok(())
             } else if let Some(mib) = step.get("alloc_mib").and_then(Value::as_u64) {
                 for _ in 0..mib {
                     hoard.push(vec![1u8; 1 << 20]);

@@ -1,0 +1,288 @@
+//! Shared test environment: each test gets its own PostgreSQL schema (with the host's and the
+//! example's migrations applied) and its own JetStream stream, so tests run in parallel against
+//! the machine's real PostgreSQL (127.0.0.1:5432) and NATS (127.0.0.1:4222).
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures::StreamExt;
+use idemhost::{Config, Host, Message, PluginLimits, PluginRuntime, WasmHandler};
+use rand::Rng;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+pub const PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
+pub const NATS_URL: &str = "nats://127.0.0.1:4222";
+
+pub fn unique(tag: &str) -> String {
+    format!("{}_{:08x}", tag.to_lowercase().replace('-', "_"), rand::rng().random::<u32>())
+}
+
+/// A private schema with `processed_message` and the example's `inventory`.
+pub struct TestEnv {
+    pub schema: String,
+    pub pool: PgPool,
+}
+
+impl TestEnv {
+    pub async fn new(tag: &str) -> TestEnv {
+        let schema = format!("t_{}", unique(tag));
+        let admin = PgPoolOptions::new().max_connections(1).connect(PG_URL).await.expect("connect to test PostgreSQL");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}"))).execute(&admin).await.unwrap();
+        admin.close().await;
+        let options = idemhost::pg::connect_options(PG_URL, Some(&schema), &schema).unwrap();
+        let pool = PgPoolOptions::new().max_connections(12).connect_with(options).await.unwrap();
+        idemhost::pg::migrate(&pool).await.unwrap();
+        sqlx::raw_sql(include_str!("../../../examples/order-flow/migrations/0001_inventory.sql"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        TestEnv { schema, pool }
+    }
+
+    pub async fn seed_inventory(&self, skus: &[(&str, i64)]) {
+        for (sku, available) in skus {
+            sqlx::query("INSERT INTO inventory (sku, available, reserved) VALUES ($1, $2, 0)")
+                .bind(sku)
+                .bind(available)
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+    }
+
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+            .unwrap_or(0)
+    }
+
+    pub async fn markers(&self, consumer: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM processed_message WHERE consumer_name = $1")
+            .bind(consumer)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn reserved(&self, sku: &str) -> i64 {
+        sqlx::query_scalar("SELECT reserved FROM inventory WHERE sku = $1").bind(sku).fetch_one(&self.pool).await.unwrap()
+    }
+
+    pub async fn available(&self, sku: &str) -> i64 {
+        sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1").bind(sku).fetch_one(&self.pool).await.unwrap()
+    }
+
+    /// Pid of this test's session that waits on a lock while running a statement starting
+    /// with `prefix`, once there is one.
+    pub async fn wait_for_lock_wait(&self, prefix: &str) -> i32 {
+        let like = format!("{prefix}%");
+        wait_until(Duration::from_secs(20), &format!("a session blocked in `{prefix}`"), || async {
+            sqlx::query_scalar::<_, i32>(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock' AND query LIKE $2",
+            )
+            .bind(&self.schema)
+            .bind(&like)
+            .fetch_optional(&self.pool)
+            .await
+            .unwrap()
+        })
+        .await
+    }
+
+    /// The `[postgres]` section pointing a host at this schema.
+    pub fn postgres_toml(&self) -> String {
+        format!(
+            "[postgres]\nurl = \"{PG_URL}\"\nschema = \"{}\"\nmax_connections = 8\napplication_name = \"{}\"\n",
+            self.schema, self.schema
+        )
+    }
+
+    pub async fn cleanup(self) {
+        self.pool.close().await;
+        let admin = PgPoolOptions::new().max_connections(1).connect(PG_URL).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", self.schema))).execute(&admin).await.unwrap();
+    }
+}
+
+/// Polls `probe` until it yields a value; panics after `timeout` naming what it waited for.
+pub async fn wait_until<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Path of a built guest plugin (`scripts/build-plugins.sh` builds them).
+pub fn plugin_path(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/target/wasm32-wasip2/release")
+        .join(format!("{name}.wasm"));
+    assert!(p.exists(), "{} is missing: run scripts/build-plugins.sh first", p.display());
+    p
+}
+
+pub fn runtime() -> &'static PluginRuntime {
+    static RT: std::sync::OnceLock<PluginRuntime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| PluginRuntime::new().unwrap())
+}
+
+pub fn load_plugin(name: &str, timeout: Duration) -> Arc<WasmHandler> {
+    let limits = PluginLimits { timeout, memory: 64 << 20 };
+    Arc::new(runtime().load(&plugin_path(name), limits).unwrap())
+}
+
+pub fn order_payload(id: &str, sku: &str, quantity: i64) -> String {
+    format!(r#"{{"id":"{id}","orderId":"order-{id}","sku":"{sku}","quantity":{quantity}}}"#)
+}
+
+pub fn message(id: &str, payload: &str) -> Message {
+    Message {
+        id: id.to_string(),
+        subject: "orders.placed".into(),
+        event_type: Some("OrderPlaced".into()),
+        headers: vec![("Nats-Msg-Id".into(), id.into())],
+        payload: payload.as_bytes().to_vec().into(),
+        delivery_attempt: 1,
+    }
+}
+
+/// A private stream `<STREAM>` capturing `<prefix>.>`; the dead-letter subject is
+/// `<prefix>.dlq` in the same stream.
+pub struct NatsEnv {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub stream: String,
+    pub prefix: String,
+}
+
+impl NatsEnv {
+    pub async fn new(tag: &str, duplicate_window: Duration) -> NatsEnv {
+        Self::at(NATS_URL, tag, duplicate_window).await
+    }
+
+    pub async fn at(url: &str, tag: &str, duplicate_window: Duration) -> NatsEnv {
+        let prefix = unique(tag);
+        let stream = prefix.to_uppercase();
+        let client = async_nats::connect(url).await.expect("connect to test NATS");
+        let js = jetstream::new(client.clone());
+        js.create_stream(stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        NatsEnv { client, js, stream, prefix }
+    }
+
+    pub fn subject(&self) -> String {
+        format!("{}.orders.placed", self.prefix)
+    }
+
+    pub fn dlq(&self) -> String {
+        format!("{}.dlq", self.prefix)
+    }
+
+    /// Publishes with the given message id (none: no id header) and waits for the stream.
+    pub async fn publish(&self, id: Option<&str>, payload: &str) -> jetstream::publish::PublishAck {
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(id) = id {
+            headers.insert("Nats-Msg-Id", id);
+        }
+        headers.insert("Idemhost-Event-Type", "OrderPlaced");
+        self.js
+            .publish_with_headers(self.subject(), headers, payload.to_string().into_bytes().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+    }
+
+    pub async fn consumer_info(&self, durable: &str) -> jetstream::consumer::Info {
+        let stream = self.js.get_stream(&self.stream).await.unwrap();
+        stream.consumer_info(durable).await.unwrap()
+    }
+
+    /// Waits until the durable consumer has nothing pending and nothing unacknowledged.
+    pub async fn wait_drained(&self, durable: &str, timeout: Duration) -> jetstream::consumer::Info {
+        wait_until(timeout, &format!("consumer {durable} to drain"), || async {
+            let stream = self.js.get_stream(&self.stream).await.ok()?;
+            let info = stream.consumer_info(durable).await.ok()?;
+            (info.num_pending == 0 && info.num_ack_pending == 0 && info.delivered.consumer_sequence > 0).then_some(info)
+        })
+        .await
+    }
+
+    /// Every message on the dead-letter subject, as (headers, payload).
+    pub async fn dead_letters(&self) -> Vec<(async_nats::HeaderMap, Vec<u8>)> {
+        let stream = self.js.get_stream(&self.stream).await.unwrap();
+        let consumer = stream
+            .create_consumer(pull::Config { filter_subject: self.dlq(), ack_policy: jetstream::consumer::AckPolicy::None, ..Default::default() })
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let mut batch = consumer.fetch().max_messages(10_000).expires(Duration::from_millis(500)).messages().await.unwrap();
+        while let Some(Ok(m)) = batch.next().await {
+            out.push((m.message.headers.clone().unwrap_or_default(), m.message.payload.to_vec()));
+        }
+        out
+    }
+
+    pub async fn cleanup(self) {
+        let _ = self.js.delete_stream(&self.stream).await;
+    }
+}
+
+/// A host running in this process until `stop`.
+pub struct RunningHost {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningHost {
+    pub fn start(host: Host) -> RunningHost {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(host.run(idemhost::host::RunOptions::default(), async move {
+            let _ = rx.await;
+        }));
+        RunningHost { stop: Some(tx), task }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// A host configuration for one consumer of `nats`'s stream on `env`'s schema, with the given
+/// extra consumer keys.
+pub fn config(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &str) -> Config {
+    let text = format!(
+        "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\n\n[[consumer]]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{extra}\n",
+        env.postgres_toml(),
+        nats.stream,
+        nats.subject(),
+        plugin_path(plugin).display(),
+        nats.dlq(),
+    );
+    Config::from_toml(&text, std::iter::empty(), "test.toml".as_ref(), ".".as_ref()).unwrap()
+}
