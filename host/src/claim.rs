@@ -123,7 +123,10 @@ struct AttemptFailure {
 
 impl AttemptFailure {
     fn db(context: &str, e: &sqlx::Error) -> Self {
-        AttemptFailure { kind: pg::classify(e), reason: format!("{context}: {}", pg::describe(e)) }
+        AttemptFailure {
+            kind: pg::classify(e),
+            reason: format!("{context}: {}", pg::describe(e)),
+        }
     }
 }
 
@@ -134,7 +137,11 @@ impl Claimer {
             settings.isolation.sql(),
             settings.statement_timeout.as_millis().max(1)
         );
-        Claimer { pool, settings, begin_sql }
+        Claimer {
+            pool,
+            settings,
+            begin_sql,
+        }
     }
 
     pub fn settings(&self) -> &ClaimSettings {
@@ -149,7 +156,12 @@ impl Claimer {
             let started = Instant::now();
             let span = info_span!("idemhost.claim", tx_attempt = attempt);
             let (result, claim_time) = self.attempt(handler, msg).instrument(span).await;
-            let done = |outcome| Processed { outcome, tx_attempts: attempt, claim_time, tx_time: started.elapsed() };
+            let done = |outcome| Processed {
+                outcome,
+                tx_attempts: attempt,
+                claim_time,
+                tx_time: started.elapsed(),
+            };
             match result {
                 Ok(outcome) => return done(outcome),
                 Err(f) => match f.kind {
@@ -183,10 +195,23 @@ impl Claimer {
         Duration::from_micros(micros)
     }
 
-    async fn attempt(&self, handler: &dyn Handler, msg: &Message) -> (Result<Outcome, AttemptFailure>, Duration) {
-        let mut tx = match self.pool.begin_with(AssertSqlSafe(self.begin_sql.clone())).await {
+    async fn attempt(
+        &self,
+        handler: &dyn Handler,
+        msg: &Message,
+    ) -> (Result<Outcome, AttemptFailure>, Duration) {
+        let mut tx = match self
+            .pool
+            .begin_with(AssertSqlSafe(self.begin_sql.clone()))
+            .await
+        {
             Ok(tx) => tx,
-            Err(e) => return (Err(AttemptFailure::db("failed to begin transaction", &e)), Duration::ZERO),
+            Err(e) => {
+                return (
+                    Err(AttemptFailure::db("failed to begin transaction", &e)),
+                    Duration::ZERO,
+                );
+            }
         };
         let claim_started = Instant::now();
         let claimed = sqlx::query(CLAIM_SQL)
@@ -211,20 +236,37 @@ impl Claimer {
     }
 
     /// Runs the handler on the claimed transaction and commits or rolls back.
-    async fn run_handler(&self, handler: &dyn Handler, msg: &Message, handle: TxHandle) -> Result<Outcome, AttemptFailure> {
+    async fn run_handler(
+        &self,
+        handler: &dyn Handler,
+        msg: &Message,
+        handle: TxHandle,
+    ) -> Result<Outcome, AttemptFailure> {
         let span = info_span!("idemhost.plugin.handle");
         let result = handler.handle(&handle, msg).instrument(span).await;
         let (tx, poison) = handle.take().await;
         let Some(tx) = tx else {
-            return Err(AttemptFailure { kind: FailureKind::Retryable, reason: "transaction lost during the handler".into() });
+            return Err(AttemptFailure {
+                kind: FailureKind::Retryable,
+                reason: "transaction lost during the handler".into(),
+            });
         };
         // A serialization failure inside the handler retries the whole transaction whatever
         // the handler answered; otherwise the handler's own error wins; an `Ok` after a
         // database error is never committed (the transaction is aborted in PostgreSQL).
         let failure = match (result, poison) {
-            (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure { kind: p.kind, reason: p.reason }),
-            (Err(HandlerError::Retryable(r)), _) => Some(AttemptFailure { kind: FailureKind::Retryable, reason: r }),
-            (Err(HandlerError::Terminal(r)), _) => Some(AttemptFailure { kind: FailureKind::Terminal, reason: r }),
+            (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure {
+                kind: p.kind,
+                reason: p.reason,
+            }),
+            (Err(HandlerError::Retryable(r)), _) => Some(AttemptFailure {
+                kind: FailureKind::Retryable,
+                reason: r,
+            }),
+            (Err(HandlerError::Terminal(r)), _) => Some(AttemptFailure {
+                kind: FailureKind::Terminal,
+                reason: r,
+            }),
             (Ok(()), Some(p)) => Some(AttemptFailure {
                 kind: p.kind,
                 reason: format!("handler returned ok after a database error: {}", p.reason),
@@ -238,6 +280,9 @@ impl Claimer {
             return Err(failure);
         }
         failpoint::hit("before_commit");
-        tx.commit().await.map(|()| Outcome::Applied).map_err(|e| AttemptFailure::db("failed to commit", &e))
+        tx.commit()
+            .await
+            .map(|()| Outcome::Applied)
+            .map_err(|e| AttemptFailure::db("failed to commit", &e))
     }
 }

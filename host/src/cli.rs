@@ -11,7 +11,11 @@ use crate::host::{Host, RunOptions};
 use crate::pg;
 
 #[derive(Debug, Parser)]
-#[command(name = "idemhost", version, about = "Idempotent NATS JetStream consumer host with WASM handlers")]
+#[command(
+    name = "idemhost",
+    version,
+    about = "Idempotent NATS JetStream consumer host with WASM handlers"
+)]
 pub struct Cli {
     /// Log line format (default: the config's `host.log_format`, else text).
     #[arg(long, env = "IDEMHOST_LOG_FORMAT", global = true)]
@@ -43,7 +47,11 @@ pub enum Command {
     },
     /// Publish one message to JetStream and wait for the stream's ack.
     Publish {
-        #[arg(long, env = "IDEMHOST_NATS__URL", default_value = "nats://127.0.0.1:4222")]
+        #[arg(
+            long,
+            env = "IDEMHOST_NATS__URL",
+            default_value = "nats://127.0.0.1:4222"
+        )]
         nats_url: String,
         #[arg(long)]
         subject: String,
@@ -72,20 +80,39 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run { config, no_migrate } => {
             let config = Config::load(&config)?;
             init_tracing(cli.log_format.or(config_log_format(&config)));
-            Host::new(config).run(RunOptions { migrate: !no_migrate }, shutdown_signal()).await
+            Host::new(config)
+                .run(
+                    RunOptions {
+                        migrate: !no_migrate,
+                    },
+                    shutdown_signal(),
+                )
+                .await
         }
         Command::Migrate { config } => {
             let config = Config::load(&config)?;
             init_tracing(cli.log_format.or(config_log_format(&config)));
             let pool = pg::connect(&config.postgres, 1).await?;
             pg::migrate(&pool).await?;
-            println!("migrations applied to {}", pg::redact_url(&config.postgres.url));
+            println!(
+                "migrations applied to {}",
+                pg::redact_url(&config.postgres.url)
+            );
             Ok(())
         }
-        Command::Publish { nats_url, subject, id, event_type, headers, payload } => {
+        Command::Publish {
+            nats_url,
+            subject,
+            id,
+            event_type,
+            headers,
+            payload,
+        } => {
             let client = async_nats::connect(nats_url.as_str())
                 .await
-                .with_context(|| format!("failed to connect to NATS at {}", pg::redact_url(&nats_url)))?;
+                .with_context(|| {
+                    format!("failed to connect to NATS at {}", pg::redact_url(&nats_url))
+                })?;
             let js = async_nats::jetstream::new(client);
             let mut map = async_nats::HeaderMap::new();
             if let Some(id) = &id {
@@ -108,7 +135,11 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
                 subject,
                 ack.stream,
                 ack.sequence,
-                if ack.duplicate { ", duplicate id: dropped by the broker's duplicate window" } else { "" }
+                if ack.duplicate {
+                    ", duplicate id: dropped by the broker's duplicate window"
+                } else {
+                    ""
+                }
             );
             Ok(())
         }
@@ -127,9 +158,16 @@ fn config_log_format(config: &Config) -> Option<LogFormat> {
 pub fn init_tracing(format: Option<LogFormat>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format.unwrap_or(LogFormat::Text) {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }

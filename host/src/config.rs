@@ -40,7 +40,11 @@ pub struct NatsConfig {
 
 impl Default for NatsConfig {
     fn default() -> Self {
-        NatsConfig { url: default_nats_url(), connect_timeout: d_5s(), request_timeout: d_5s() }
+        NatsConfig {
+            url: default_nats_url(),
+            connect_timeout: d_5s(),
+            request_timeout: d_5s(),
+        }
     }
 }
 
@@ -78,7 +82,10 @@ pub struct HostConfig {
 
 impl Default for HostConfig {
     fn default() -> Self {
-        HostConfig { shutdown_timeout: d_30s(), log_format: None }
+        HostConfig {
+            shutdown_timeout: d_30s(),
+            log_format: None,
+        }
     }
 }
 
@@ -175,13 +182,21 @@ impl ConsumerConfig {
         self.durable.clone().unwrap_or_else(|| {
             self.name
                 .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
                 .collect()
         })
     }
 
     pub fn dead_letter_subject(&self) -> String {
-        self.dead_letter_subject.clone().unwrap_or_else(|| format!("dlq.{}", self.durable_name()))
+        self.dead_letter_subject
+            .clone()
+            .unwrap_or_else(|| format!("dlq.{}", self.durable_name()))
     }
 
     pub fn statement_timeout(&self) -> Duration {
@@ -191,7 +206,10 @@ impl ConsumerConfig {
     /// Redelivery delay after failed delivery number `attempt` (1-based).
     pub fn backoff_for(&self, attempt: u32) -> Duration {
         let i = (attempt.max(1) as usize - 1).min(self.backoff.len().saturating_sub(1));
-        self.backoff.get(i).map(|d| d.0).unwrap_or(Duration::from_secs(1))
+        self.backoff
+            .get(i)
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1))
     }
 }
 
@@ -199,7 +217,10 @@ impl ConsumerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("failed to read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid environment override {var}: {message}")]
@@ -211,8 +232,10 @@ pub enum ConfigError {
 impl Config {
     /// Reads `path`, applies `IDEMHOST_*` overrides from the process environment, validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let base = path.parent().unwrap_or(Path::new("."));
         Config::from_toml(&text, std::env::vars(), path, base)
     }
@@ -225,13 +248,22 @@ impl Config {
         origin: &Path,
         base: &Path,
     ) -> Result<Config, ConfigError> {
-        let parse_err = |message: String| ConfigError::Parse { path: origin.to_path_buf(), message };
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+        let parse_err = |message: String| ConfigError::Parse {
+            path: origin.to_path_buf(),
+            message,
+        };
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         for (var, value) in env {
             if let Some(path) = var.strip_prefix("IDEMHOST_") {
                 if path.contains("__") {
-                    apply_override(&mut table, path, &value)
-                        .map_err(|message| ConfigError::Env { var: var.clone(), message })?;
+                    apply_override(&mut table, path, &value).map_err(|message| {
+                        ConfigError::Env {
+                            var: var.clone(),
+                            message,
+                        }
+                    })?;
                 }
             }
         }
@@ -251,12 +283,22 @@ impl Config {
 
     /// Checks every rule that does not need a server; the first violation names its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key: String, problem: &str| Err(ConfigError::Invalid { key, problem: problem.to_string() });
+        let bad = |key: String, problem: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                problem: problem.to_string(),
+            })
+        };
         if url::Url::parse(&self.nats.url).is_err() {
             return bad("nats.url".into(), "is not a URL");
         }
-        if !self.postgres.url.starts_with("postgres://") && !self.postgres.url.starts_with("postgresql://") {
-            return bad("postgres.url".into(), "must start with postgres:// or postgresql://");
+        if !self.postgres.url.starts_with("postgres://")
+            && !self.postgres.url.starts_with("postgresql://")
+        {
+            return bad(
+                "postgres.url".into(),
+                "must start with postgres:// or postgresql://",
+            );
         }
         if self.postgres.max_connections == 0 {
             return bad("postgres.max_connections".into(), "must be at least 1");
@@ -270,20 +312,36 @@ impl Config {
         let mut durables = HashSet::new();
         for (i, c) in self.consumers.iter().enumerate() {
             let key = |field: &str| format!("consumer[{i}].{field}");
-            if c.name.trim().is_empty() || c.name.len() > 200 || c.name.chars().any(char::is_whitespace) {
+            if c.name.trim().is_empty()
+                || c.name.len() > 200
+                || c.name.chars().any(char::is_whitespace)
+            {
                 return bad(key("name"), "must be 1-200 characters without whitespace");
             }
             if !names.insert(c.name.clone()) {
                 return bad(key("name"), "is used by two consumers");
             }
             if !durables.insert(c.durable_name()) {
-                return bad(key("durable"), "collides with another consumer's durable name");
+                return bad(
+                    key("durable"),
+                    "collides with another consumer's durable name",
+                );
             }
-            if c.stream.is_empty() || c.stream.chars().any(|ch| matches!(ch, '.' | '*' | '>' | ' ' | '/' | '\\')) {
-                return bad(key("stream"), "must be a JetStream stream name (no '.', '*', '>', spaces or slashes)");
+            if c.stream.is_empty()
+                || c.stream
+                    .chars()
+                    .any(|ch| matches!(ch, '.' | '*' | '>' | ' ' | '/' | '\\'))
+            {
+                return bad(
+                    key("stream"),
+                    "must be a JetStream stream name (no '.', '*', '>', spaces or slashes)",
+                );
             }
             if c.create_stream && c.subjects.is_empty() {
-                return bad(key("subjects"), "must list the stream's subjects when create_stream = true");
+                return bad(
+                    key("subjects"),
+                    "must list the stream's subjects when create_stream = true",
+                );
             }
             if c.max_in_flight == 0 || c.max_in_flight > 4096 {
                 return bad(key("max_in_flight"), "must be between 1 and 4096");
@@ -331,28 +389,41 @@ impl Config {
 fn apply_override(table: &mut toml::Table, path: &str, raw: &str) -> Result<(), String> {
     let segments: Vec<String> = path.split("__").map(|s| s.to_ascii_lowercase()).collect();
     let value = match format!("v = {raw}").parse::<toml::Table>() {
-        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
         Err(_) => toml::Value::String(raw.to_string()),
     };
     set_path(table, &segments, value)
 }
 
-fn set_path(table: &mut toml::Table, segments: &[String], value: toml::Value) -> Result<(), String> {
+fn set_path(
+    table: &mut toml::Table,
+    segments: &[String],
+    value: toml::Value,
+) -> Result<(), String> {
     let (first, rest) = segments.split_first().ok_or("empty key")?;
     if rest.is_empty() {
         table.insert(first.clone(), value);
         return Ok(());
     }
-    match table.entry(first.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+    match table
+        .entry(first.clone())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+    {
         toml::Value::Table(t) => set_path(t, rest, value),
         toml::Value::Array(items) => {
             let (idx, rest) = rest.split_first().ok_or("missing index")?;
-            let idx: usize = idx.parse().map_err(|_| format!("`{first}` is a list: `{idx}` is not an index"))?;
+            let idx: usize = idx
+                .parse()
+                .map_err(|_| format!("`{first}` is a list: `{idx}` is not an index"))?;
             let len = items.len();
             match items.get_mut(idx) {
                 Some(toml::Value::Table(t)) if !rest.is_empty() => set_path(t, rest, value),
                 Some(_) => Err(format!("`{first}` entry {idx} needs a key after the index")),
-                None => Err(format!("index {idx} of `{first}` is out of range ({len} entries)")),
+                None => Err(format!(
+                    "index {idx} of `{first}` is out of range ({len} entries)"
+                )),
             }
         }
         _ => Err(format!("`{first}` is not a table")),
@@ -404,7 +475,9 @@ fn default_tx_attempts() -> u32 {
     5
 }
 fn default_backoff() -> Vec<Dur> {
-    [100, 1_000, 10_000].map(|ms| Dur(Duration::from_millis(ms))).to_vec()
+    [100, 1_000, 10_000]
+        .map(|ms| Dur(Duration::from_millis(ms)))
+        .to_vec()
 }
 fn default_memory_limit() -> Size {
     Size(64 << 20)
@@ -443,7 +516,12 @@ mod tests {
 
     fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
-        Config::from_toml(text, env, Path::new("test.toml"), Path::new("/etc/idemhost"))
+        Config::from_toml(
+            text,
+            env,
+            Path::new("test.toml"),
+            Path::new("/etc/idemhost"),
+        )
     }
 
     #[test]
@@ -455,7 +533,10 @@ mod tests {
         assert_eq!(con.max_in_flight, 16);
         assert_eq!(con.backoff_for(1), Duration::from_millis(100));
         assert_eq!(con.backoff_for(9), Duration::from_secs(1));
-        assert_eq!(con.plugin.as_deref(), Some(Path::new("/etc/idemhost/plugins/inventory.wasm")));
+        assert_eq!(
+            con.plugin.as_deref(),
+            Some(Path::new("/etc/idemhost/plugins/inventory.wasm"))
+        );
         assert_eq!(con.dead_letter_subject(), "dlq.inventory-reservation-v1");
         assert_eq!(con.statement_timeout(), Duration::from_secs(5));
     }
@@ -474,24 +555,42 @@ mod tests {
         .unwrap();
         assert_eq!(c.postgres.url, "postgres://app@db/app");
         assert_eq!(c.consumers[0].max_in_flight, 4);
-        assert_eq!(c.consumers[0].handler_timeout, Dur(Duration::from_millis(250)));
+        assert_eq!(
+            c.consumers[0].handler_timeout,
+            Dur(Duration::from_millis(250))
+        );
     }
 
     #[test]
     fn errors_name_the_key() {
-        let err = parse(&SAMPLE.replace("isolation = \"serializable\"", "isolation = \"chaos\""), &[])
-            .unwrap_err()
-            .to_string();
+        let err = parse(
+            &SAMPLE.replace("isolation = \"serializable\"", "isolation = \"chaos\""),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("isolation") || err.contains("chaos"), "{err}");
-        let err = parse(&SAMPLE.replace("memory_limit = \"32MiB\"", "memory_limit = \"lots\""), &[])
+        let err = parse(
+            &SAMPLE.replace("memory_limit = \"32MiB\"", "memory_limit = \"lots\""),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("invalid size \"lots\""), "{err}");
+        let err = parse(&format!("{SAMPLE}\nmax_in_flight = 0\n"), &[])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("invalid size \"lots\""), "{err}");
-        let err = parse(&format!("{SAMPLE}\nmax_in_flight = 0\n"), &[]).unwrap_err().to_string();
         assert!(err.contains("consumer[0].max_in_flight"), "{err}");
-        let err = parse(&format!("{SAMPLE}\nsurprise = 1\n"), &[]).unwrap_err().to_string();
+        let err = parse(&format!("{SAMPLE}\nsurprise = 1\n"), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("surprise"), "{err}");
-        let err = parse(SAMPLE, &[("IDEMHOST_CONSUMER__3__NAME", "x")]).unwrap_err().to_string();
-        assert!(err.contains("IDEMHOST_CONSUMER__3__NAME") && err.contains("out of range"), "{err}");
+        let err = parse(SAMPLE, &[("IDEMHOST_CONSUMER__3__NAME", "x")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("IDEMHOST_CONSUMER__3__NAME") && err.contains("out of range"),
+            "{err}"
+        );
     }
 }

@@ -38,7 +38,10 @@ pub struct Host {
 
 impl Host {
     pub fn new(config: Config) -> Self {
-        Host { config, native: HashMap::new() }
+        Host {
+            config,
+            native: HashMap::new(),
+        }
     }
 
     /// Runs `consumer` with a native Rust handler instead of a WASM plugin.
@@ -50,7 +53,11 @@ impl Host {
     /// Connects, migrates (unless told not to), loads and binds every consumer, then consumes
     /// until `shutdown` resolves; in-flight deliveries then get `host.shutdown_timeout` to
     /// finish. Any start-up problem is returned before a single message is pulled.
-    pub async fn run(self, options: RunOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    pub async fn run(
+        self,
+        options: RunOptions,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<()> {
         let Host { config, native } = self;
         let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
         if total_in_flight > config.postgres.max_connections {
@@ -65,19 +72,34 @@ impl Host {
             pg::migrate(&pool).await?;
         }
 
-        let needs_wasm = config.consumers.iter().any(|c| !native.contains_key(&c.name));
-        let runtime = if needs_wasm { Some(PluginRuntime::new()?) } else { None };
+        let needs_wasm = config
+            .consumers
+            .iter()
+            .any(|c| !native.contains_key(&c.name));
+        let runtime = if needs_wasm {
+            Some(PluginRuntime::new()?)
+        } else {
+            None
+        };
         let mut handlers: Vec<Arc<dyn Handler>> = Vec::new();
         for c in &config.consumers {
             let handler: Arc<dyn Handler> = match (native.get(&c.name), &c.plugin, &runtime) {
                 (Some(h), _, _) => h.clone(),
                 (None, Some(path), Some(rt)) => {
-                    let limits = PluginLimits { timeout: c.handler_timeout.0, memory: c.memory_limit.0 as usize };
-                    let h = rt.load(path, limits).with_context(|| format!("consumer {}", c.name))?;
+                    let limits = PluginLimits {
+                        timeout: c.handler_timeout.0,
+                        memory: c.memory_limit.0 as usize,
+                    };
+                    let h = rt
+                        .load(path, limits)
+                        .with_context(|| format!("consumer {}", c.name))?;
                     info!(consumer = %c.name, plugin = %path.display(), digest = h.digest(), bytes = h.size(), "plugin loaded");
                     Arc::new(h)
                 }
-                _ => anyhow::bail!("consumer {}: no `plugin` configured and no native handler registered", c.name),
+                _ => anyhow::bail!(
+                    "consumer {}: no `plugin` configured and no native handler registered",
+                    c.name
+                ),
             };
             handlers.push(handler);
         }

@@ -13,10 +13,12 @@
 //! - [`pg`]: the pool, migrations, and the one classification of database errors.
 //! - [`host`]: wiring it all together and running until shutdown.
 //! - [`cli`]: the `idemhost` command line.
+//! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
 //! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
 
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod baseline;
 pub mod claim;
 pub mod cli;
 pub mod config;

@@ -68,7 +68,11 @@ pub fn redact_url(raw: &str) -> String {
 
 /// Options for connecting: the URL, an optional schema put first on the search path, and the
 /// session's `application_name`.
-pub fn connect_options(url: &str, schema: Option<&str>, application_name: &str) -> Result<PgConnectOptions, sqlx::Error> {
+pub fn connect_options(
+    url: &str,
+    schema: Option<&str>,
+    application_name: &str,
+) -> Result<PgConnectOptions, sqlx::Error> {
     let mut options = PgConnectOptions::from_str(url)?.application_name(application_name);
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);

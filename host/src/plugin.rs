@@ -49,7 +49,10 @@ pub struct PluginLimits {
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     #[error("failed to read plugin {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("plugin {path} is not a valid WebAssembly component: {reason}")]
     Compile { path: PathBuf, reason: String },
     #[error("plugin {path} does not fit the idemhost:consumer/handler world: {reason}")]
@@ -68,7 +71,8 @@ impl PluginRuntime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("failed to create wasm engine: {e:?}"))?;
+        let engine = Engine::new(&config)
+            .map_err(|e| anyhow::anyhow!("failed to create wasm engine: {e:?}"))?;
         let mut linker = Linker::<PluginState>::new(&engine);
         link(&mut linker).map_err(|e| anyhow::anyhow!("failed to link host interfaces: {e:?}"))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
@@ -85,28 +89,54 @@ impl PluginRuntime {
                 }
             })
             .map_err(|e| anyhow::anyhow!("failed to start epoch ticker: {e}"))?;
-        Ok(PluginRuntime { engine, linker: Arc::new(linker), ticker_stop })
+        Ok(PluginRuntime {
+            engine,
+            linker: Arc::new(linker),
+            ticker_stop,
+        })
     }
 
     /// Compiles and validates a component file.
     pub fn load(&self, path: &Path, limits: PluginLimits) -> Result<WasmHandler, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         self.load_bytes(&bytes, path, limits)
     }
 
     /// Compiles and validates component bytes (`origin` names them in errors).
-    pub fn load_bytes(&self, bytes: &[u8], origin: &Path, limits: PluginLimits) -> Result<WasmHandler, PluginError> {
+    pub fn load_bytes(
+        &self,
+        bytes: &[u8],
+        origin: &Path,
+        limits: PluginLimits,
+    ) -> Result<WasmHandler, PluginError> {
         let path = origin.to_path_buf();
         let digest = format!("sha256:{:x}", Sha256::digest(bytes));
-        let component = Component::from_binary(&self.engine, bytes)
-            .map_err(|e| PluginError::Compile { path: path.clone(), reason: format!("{e:#}") })?;
-        let instance_pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| PluginError::World { path: path.clone(), reason: format!("{e:#}") })?;
-        let pre = bindings::HandlerPre::new(instance_pre)
-            .map_err(|e| PluginError::World { path: path.clone(), reason: format!("{e:#}") })?;
-        Ok(WasmHandler { engine: self.engine.clone(), pre, digest, limits, size: bytes.len() })
+        let component =
+            Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
+                path: path.clone(),
+                reason: format!("{e:#}"),
+            })?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| PluginError::World {
+                    path: path.clone(),
+                    reason: format!("{e:#}"),
+                })?;
+        let pre = bindings::HandlerPre::new(instance_pre).map_err(|e| PluginError::World {
+            path: path.clone(),
+            reason: format!("{e:#}"),
+        })?;
+        Ok(WasmHandler {
+            engine: self.engine.clone(),
+            pre,
+            digest,
+            limits,
+            size: bytes.len(),
+        })
     }
 }
 
@@ -170,7 +200,10 @@ pub struct PluginState {
 
 impl WasiView for PluginState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -186,7 +219,10 @@ impl BudgetLimiter {
         let extra = desired.saturating_sub(current);
         if self.used.saturating_add(extra) > self.limit {
             self.exceeded = true;
-            wasmtime::bail!("memory limit of {} bytes exceeded growing a {what}", self.limit);
+            wasmtime::bail!(
+                "memory limit of {} bytes exceeded growing a {what}",
+                self.limit
+            );
         }
         self.used += extra;
         Ok(true)
@@ -194,18 +230,32 @@ impl BudgetLimiter {
 }
 
 impl ResourceLimiter for BudgetLimiter {
-    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if maximum.is_some_and(|m| desired > m) {
             return Ok(false);
         }
         self.grow(current, desired, "memory")
     }
 
-    fn table_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if maximum.is_some_and(|m| desired > m) {
             return Ok(false);
         }
-        self.grow(current * TABLE_ELEMENT_BYTES, desired * TABLE_ELEMENT_BYTES, "table")
+        self.grow(
+            current * TABLE_ELEMENT_BYTES,
+            desired * TABLE_ELEMENT_BYTES,
+            "table",
+        )
     }
 }
 
@@ -241,8 +291,16 @@ impl WasmHandler {
         let state = PluginState {
             table: ResourceTable::new(),
             wasi: WasiCtx::builder().build(),
-            limiter: BudgetLimiter { limit: self.limits.memory, used: 0, exceeded: false },
-            log: LogSink { digest: Arc::from(self.digest.as_str()), lines: 0, dropped: 0 },
+            limiter: BudgetLimiter {
+                limit: self.limits.memory,
+                used: 0,
+                exceeded: false,
+            },
+            log: LogSink {
+                digest: Arc::from(self.digest.as_str()),
+                lines: 0,
+                dropped: 0,
+            },
             timed_out: false,
         };
         let mut store = Store::new(&self.engine, state);
@@ -274,7 +332,10 @@ impl WasmHandler {
                 "plugin trapped: memory_limit of {} bytes exceeded",
                 self.limits.memory
             ))),
-            Err(trap) => Err(HandlerError::Retryable(format!("plugin trapped: {}", first_line(&trap)))),
+            Err(trap) => Err(HandlerError::Retryable(format!(
+                "plugin trapped: {}",
+                first_line(&trap)
+            ))),
         }
         // The store — instance, memories, the lent handle — is dropped here, whatever happened.
     }
@@ -296,7 +357,10 @@ impl WasmHandler {
             delivery_attempt: msg.delivery_attempt,
         };
         let rep = Resource::<TxHandle>::new_borrow(handle.rep());
-        let result = instance.idemhost_consumer_handling().call_handle(&mut *store, rep, &wit_msg).await;
+        let result = instance
+            .idemhost_consumer_handling()
+            .call_handle(&mut *store, rep, &wit_msg)
+            .await;
         store.data_mut().table.delete(handle)?;
         result
     }
@@ -322,7 +386,12 @@ impl wit::Host for PluginState {}
 impl database::Host for PluginState {}
 
 impl database::HostTransaction for PluginState {
-    async fn execute(&mut self, tx: Resource<TxHandle>, sql: String, params: Vec<wit::SqlValue>) -> wasmtime::Result<Result<u64, String>> {
+    async fn execute(
+        &mut self,
+        tx: Resource<TxHandle>,
+        sql: String,
+        params: Vec<wit::SqlValue>,
+    ) -> wasmtime::Result<Result<u64, String>> {
         let handle = self.table.get(&tx)?.clone();
         let params: Vec<SqlValue> = params.into_iter().map(from_wit).collect();
         guest_result(handle.execute(&sql, &params).await)
@@ -337,7 +406,11 @@ impl database::HostTransaction for PluginState {
         let handle = self.table.get(&tx)?.clone();
         let params: Vec<SqlValue> = params.into_iter().map(from_wit).collect();
         let rows = guest_result(handle.query(&sql, &params).await)?;
-        Ok(rows.map(|rows| rows.into_iter().map(|r| r.into_iter().map(to_wit).collect()).collect()))
+        Ok(rows.map(|rows| {
+            rows.into_iter()
+                .map(|r| r.into_iter().map(to_wit).collect())
+                .collect()
+        }))
     }
 
     async fn drop(&mut self, tx: Resource<TxHandle>) -> wasmtime::Result<()> {

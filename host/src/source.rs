@@ -61,16 +61,25 @@ pub async fn bind(
         .with_context(|| format!("consumer {name}: failed to create stream {}", config.stream))?
     } else {
         js.get_stream(&config.stream).await.with_context(|| {
-            format!("consumer {name}: stream {} not found (create it, or set create_stream = true)", config.stream)
+            format!(
+                "consumer {name}: stream {} not found (create it, or set create_stream = true)",
+                config.stream
+            )
         })?
     };
     let dlq = config.dead_letter_subject();
     if js.stream_by_subject(dlq.clone()).await.is_err() {
         if config.create_stream {
             let dlq_stream = format!("IDEMHOST_DLQ_{}", config.durable_name().replace('-', "_"));
-            js.get_or_create_stream(stream::Config { name: dlq_stream.clone(), subjects: vec![dlq.clone()], ..Default::default() })
-                .await
-                .with_context(|| format!("consumer {name}: failed to create dead-letter stream {dlq_stream}"))?;
+            js.get_or_create_stream(stream::Config {
+                name: dlq_stream.clone(),
+                subjects: vec![dlq.clone()],
+                ..Default::default()
+            })
+            .await
+            .with_context(|| {
+                format!("consumer {name}: failed to create dead-letter stream {dlq_stream}")
+            })?;
         } else {
             anyhow::bail!(
                 "consumer {name}: no JetStream stream captures dead_letter_subject {dlq} (create one, or set create_stream = true)"
@@ -96,8 +105,19 @@ pub async fn bind(
     let consumer = stream
         .get_or_create_consumer(&durable, pull_config)
         .await
-        .with_context(|| format!("consumer {name}: failed to bind durable consumer {durable} on {}", config.stream))?;
-    Ok(ConsumerRuntime { config: config.clone(), js: js.clone(), consumer, claimer, handler })
+        .with_context(|| {
+            format!(
+                "consumer {name}: failed to bind durable consumer {durable} on {}",
+                config.stream
+            )
+        })?;
+    Ok(ConsumerRuntime {
+        config: config.clone(),
+        js: js.clone(),
+        consumer,
+        claimer,
+        handler,
+    })
 }
 
 impl ConsumerRuntime {
@@ -157,7 +177,8 @@ impl ConsumerRuntime {
             }
         }
         info!(consumer = %self.config.name, in_flight = tasks.len(), "stopped pulling, draining");
-        let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
+        let drained =
+            tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             warn!(consumer = %self.config.name, left = tasks.len(), "drain timeout; rolling back unfinished deliveries");
             tasks.shutdown().await;
@@ -167,12 +188,16 @@ impl ConsumerRuntime {
     /// Handles one delivery start to finish and settles it with the broker.
     async fn settle(&self, msg: jetstream::Message) {
         let (attempt, stream_seq) = match msg.info() {
-            Ok(info) => (u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1), info.stream_sequence),
+            Ok(info) => (
+                u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
+                info.stream_sequence,
+            ),
             Err(_) => (1, 0),
         };
         let headers = msg.message.headers.clone().unwrap_or_default();
         let event_type = header(&headers, EVENT_TYPE_HEADER);
-        let trace_id = header(&headers, "traceparent").and_then(|t| t.split('-').nth(1).map(str::to_string));
+        let trace_id =
+            header(&headers, "traceparent").and_then(|t| t.split('-').nth(1).map(str::to_string));
         let id = message_id(&headers, &self.config.id_header);
         let span = info_span!(
             "idemhost.delivery",
@@ -190,7 +215,7 @@ impl ConsumerRuntime {
                 Ok(id) => id,
                 Err(reason) => {
                     warn!(outcome = "terminal_failure", %reason, "delivery refused");
-                    self.dead_letter(&msg, &reason, attempt).await;
+                    self.dead_letter(&msg, None, stream_seq, &reason, attempt).await;
                     return;
                 }
             };
@@ -223,11 +248,11 @@ impl ConsumerRuntime {
                 Outcome::RetryableFailure(reason) => {
                     let reason = format!("{reason} (after {attempt} deliveries, max_deliver {})", self.config.max_deliver);
                     warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
-                    self.dead_letter(&msg, &reason, attempt).await;
+                    self.dead_letter(&msg, Some(&message.id), stream_seq, &reason, attempt).await;
                 }
                 Outcome::TerminalFailure(reason) => {
                     warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
-                    self.dead_letter(&msg, reason, attempt).await;
+                    self.dead_letter(&msg, Some(&message.id), stream_seq, reason, attempt).await;
                 }
             }
         }
@@ -252,11 +277,32 @@ impl ConsumerRuntime {
         }
     }
 
-    /// Publishes the message to the dead-letter subject (original headers — the id included —
-    /// and payload, plus the reason) and, once JetStream stored it, terminates the delivery.
-    /// If the publish fails the delivery is nak'ed instead, so nothing is lost.
-    async fn dead_letter(&self, msg: &jetstream::Message, reason: &str, attempt: u32) {
+    /// Publishes the message to the dead-letter subject — original headers and payload, the
+    /// original id in `Idemhost-Message-Id` (what a replay is processed under), plus the
+    /// reason — and, once JetStream stored it, terminates the delivery. If the publish fails
+    /// the delivery is nak'ed instead, so nothing is lost.
+    ///
+    /// The dead letter's broker-level `Nats-Msg-Id` is `<consumer>/<id>` (or
+    /// `<consumer>/seq-<n>` without a valid id): a stream that already saw the original id (the
+    /// same stream, or one shared by several consumers' dead letters) would otherwise drop it
+    /// as a duplicate, while a second dead-lettering of the same delivery is still absorbed.
+    async fn dead_letter(
+        &self,
+        msg: &jetstream::Message,
+        id: Option<&str>,
+        stream_seq: u64,
+        reason: &str,
+        attempt: u32,
+    ) {
         let mut headers = msg.message.headers.clone().unwrap_or_default();
+        let broker_id = match id {
+            Some(id) => {
+                headers.insert(REPLAY_ID_HEADER, id);
+                format!("{}/{id}", self.config.name)
+            }
+            None => format!("{}/seq-{stream_seq}", self.config.name),
+        };
+        headers.insert("Nats-Msg-Id", broker_id.as_str());
         headers.insert(FAILURE_REASON_HEADER, header_safe(reason).as_str());
         headers.insert(FAILED_CONSUMER_HEADER, self.config.name.as_str());
         headers.insert(ORIGINAL_SUBJECT_HEADER, msg.message.subject.as_str());
@@ -271,7 +317,10 @@ impl ConsumerRuntime {
         }
         .await;
         match published {
-            Ok(_) => {
+            Ok(ack) => {
+                if ack.duplicate {
+                    info!(dead_letter_subject = %subject, "already dead-lettered");
+                }
                 if let Err(e) = msg.double_ack_with(AckKind::Term).await {
                     warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
                 } else {
@@ -280,7 +329,9 @@ impl ConsumerRuntime {
             }
             Err(e) => {
                 error!(dead_letter_subject = %subject, error = %e, "dead-letter publish failed; nak instead");
-                let _ = msg.ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt)))).await;
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt))))
+                    .await;
             }
         }
     }
@@ -304,7 +355,10 @@ pub fn message_id(headers: &HeaderMap, id_header: &str) -> Result<String, String
         return Err(format!("empty message id in header {name}"));
     }
     if value.len() > MAX_MESSAGE_ID_BYTES {
-        return Err(format!("message id in header {name} is {} bytes, over the {MAX_MESSAGE_ID_BYTES}-byte limit", value.len()));
+        return Err(format!(
+            "message id in header {name} is {} bytes, over the {MAX_MESSAGE_ID_BYTES}-byte limit",
+            value.len()
+        ));
     }
     Ok(value)
 }
@@ -322,7 +376,10 @@ fn flatten(headers: &HeaderMap) -> Vec<(String, String)> {
 
 /// A reason fit for a header value: one line, bounded length.
 fn header_safe(reason: &str) -> String {
-    let mut s: String = reason.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let mut s: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     if s.len() > MAX_REASON_BYTES {
         let mut cut = MAX_REASON_BYTES;
         while !s.is_char_boundary(cut) {
@@ -340,11 +397,19 @@ mod tests {
     #[test]
     fn message_id_prefers_replay_header_and_refuses_bad_ids() {
         let mut h = HeaderMap::new();
-        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("missing"));
+        assert!(
+            message_id(&h, "Nats-Msg-Id")
+                .unwrap_err()
+                .contains("missing")
+        );
         h.insert("Nats-Msg-Id", "");
         assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("empty"));
         h.insert("Nats-Msg-Id", "x".repeat(257).as_str());
-        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("257 bytes"));
+        assert!(
+            message_id(&h, "Nats-Msg-Id")
+                .unwrap_err()
+                .contains("257 bytes")
+        );
         h.insert("Nats-Msg-Id", "x".repeat(256).as_str());
         assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap().len(), 256);
         h.insert(REPLAY_ID_HEADER, "evt-7");

@@ -2,8 +2,8 @@
 //! how result columns convert back. Deny by default: one data statement per call, nothing that
 //! controls the transaction or the session, nothing that touches the marker table.
 
-use sqlx::postgres::{PgArguments, PgRow, PgTypeInfo, PgValueRef, Postgres};
 use sqlx::postgres::types::Oid;
+use sqlx::postgres::{PgArguments, PgRow, PgTypeInfo, PgValueRef, Postgres};
 use sqlx::{Arguments, Column, Decode, Encode, Row, Type, TypeInfo, ValueRef};
 
 /// A SQL parameter or result value, as the WIT `sql-value` variant carries it.
@@ -21,7 +21,9 @@ pub enum SqlValue {
 
 /// Statements a plugin may start with. Everything else (transaction control, `SET`, `RESET`,
 /// `LOCK`, `LISTEN`, `COPY`, DDL, `DO`, `CALL`, `PREPARE`...) is refused.
-const ALLOWED_FIRST_WORDS: &[&str] = &["select", "insert", "update", "delete", "with", "values", "merge", "table"];
+const ALLOWED_FIRST_WORDS: &[&str] = &[
+    "select", "insert", "update", "delete", "with", "values", "merge", "table",
+];
 
 /// Identifiers refused anywhere in a statement: the marker table (only the host claims
 /// markers), functions that change session settings or outlive the transaction (session-level
@@ -58,7 +60,9 @@ pub(crate) const MAX_SQL_BYTES: usize = 64 << 10;
 /// Checks a plugin statement; `Err` is the refusal the plugin sees.
 pub fn check(sql: &str) -> Result<(), String> {
     if sql.len() > MAX_SQL_BYTES {
-        return Err(format!("statement refused: longer than {MAX_SQL_BYTES} bytes"));
+        return Err(format!(
+            "statement refused: longer than {MAX_SQL_BYTES} bytes"
+        ));
     }
     let words = words(sql)?;
     let Some(first) = words.first() else {
@@ -133,10 +137,17 @@ fn words(sql: &str) -> Result<Vec<String>, String> {
                 out.push(sql[i + 1..end - 1].replace("\"\"", "\"").to_lowercase());
                 i = end;
             }
-            b'$' if !b.get(i + 1).is_some_and(u8::is_ascii_digit) => i = skip_dollar_quoted(sql, i)?,
+            b'$' if !b.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                i = skip_dollar_quoted(sql, i)?
+            }
             c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'$' || b[i] >= 0x80) {
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric()
+                        || b[i] == b'_'
+                        || b[i] == b'$'
+                        || b[i] >= 0x80)
+                {
                     i += 1;
                 }
                 let word = &sql[start..i];
@@ -240,7 +251,11 @@ pub fn row_values(row: &PgRow) -> Result<(Vec<SqlValue>, usize), String> {
     for (i, column) in row.columns().iter().enumerate() {
         let raw = row.try_get_raw(i).map_err(|e| e.to_string())?;
         let type_name = column.type_info().name().to_string();
-        let value = if raw.is_null() { SqlValue::Null } else { convert(raw, &type_name, column.name())? };
+        let value = if raw.is_null() {
+            SqlValue::Null
+        } else {
+            convert(raw, &type_name, column.name())?
+        };
         bytes += match &value {
             SqlValue::Text(s) | SqlValue::Json(s) => s.len(),
             SqlValue::Bytes(b) => b.len(),
@@ -263,7 +278,9 @@ fn convert(raw: PgValueRef<'_>, type_name: &str, column: &str) -> Result<SqlValu
         "OID" => SqlValue::Int(dec::<Oid>(raw)?.0.into()),
         "FLOAT4" => SqlValue::Float(dec::<f32>(raw)?.into()),
         "FLOAT8" => SqlValue::Float(dec(raw)?),
-        "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" | "UNKNOWN" | "CITEXT" => SqlValue::Text(dec(raw)?),
+        "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" | "UNKNOWN" | "CITEXT" => {
+            SqlValue::Text(dec(raw)?)
+        }
         "BYTEA" => SqlValue::Bytes(dec(raw)?),
         "JSON" | "JSONB" => SqlValue::Json(dec::<serde_json::Value>(raw)?.to_string()),
         "VOID" => SqlValue::Null,
@@ -343,7 +360,12 @@ mod tests {
 
     #[test]
     fn unterminated_literals_are_refused() {
-        for sql in ["select 'abc", "select \"abc", "select $x$ abc", "select /* abc"] {
+        for sql in [
+            "select 'abc",
+            "select \"abc",
+            "select $x$ abc",
+            "select /* abc",
+        ] {
             assert!(check(sql).is_err(), "{sql} should be refused");
         }
     }

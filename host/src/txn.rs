@@ -45,7 +45,12 @@ pub enum TxError {
 
 impl TxHandle {
     pub(crate) fn new(tx: Transaction<'static, Postgres>) -> Self {
-        TxHandle { state: Arc::new(Mutex::new(TxState { tx: Some(tx), poison: None })) }
+        TxHandle {
+            state: Arc::new(Mutex::new(TxState {
+                tx: Some(tx),
+                poison: None,
+            })),
+        }
     }
 
     /// Runs one statement; returns the rows it affected.
@@ -54,7 +59,9 @@ impl TxHandle {
         let args = sql_gate::bind(params).map_err(TxError::Refused)?;
         let mut state = self.state.lock().await;
         let conn = state.usable()?;
-        let result = sqlx::query_with(AssertSqlSafe(sql.to_owned()), args).execute(&mut **conn).await;
+        let result = sqlx::query_with(AssertSqlSafe(sql.to_owned()), args)
+            .execute(&mut **conn)
+            .await;
         match result {
             Ok(done) => Ok(done.rows_affected()),
             Err(e) => Err(state.poison_with(&e)),
@@ -63,7 +70,11 @@ impl TxHandle {
 
     /// Runs one statement; returns its rows (bounded by [`sql_gate::MAX_ROWS`] rows and
     /// [`sql_gate::MAX_RESULT_BYTES`] bytes).
-    pub async fn query(&self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, TxError> {
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Vec<Vec<SqlValue>>, TxError> {
         sql_gate::check(sql).map_err(TxError::Refused)?;
         let args = sql_gate::bind(params).map_err(TxError::Refused)?;
         let mut state = self.state.lock().await;
@@ -71,10 +82,14 @@ impl TxHandle {
         let mut rows = Vec::new();
         let mut total = 0usize;
         let outcome: Result<Option<String>, sqlx::Error> = async {
-            let mut stream = sqlx::query_with(AssertSqlSafe(sql.to_owned()), args).fetch(&mut **conn);
+            let mut stream =
+                sqlx::query_with(AssertSqlSafe(sql.to_owned()), args).fetch(&mut **conn);
             while let Some(row) = stream.try_next().await? {
                 if rows.len() == sql_gate::MAX_ROWS {
-                    return Ok(Some(format!("query returned more than {} rows", sql_gate::MAX_ROWS)));
+                    return Ok(Some(format!(
+                        "query returned more than {} rows",
+                        sql_gate::MAX_ROWS
+                    )));
                 }
                 match sql_gate::row_values(&row) {
                     Ok((values, bytes)) => {
@@ -121,7 +136,10 @@ impl TxState {
     fn poison_with(&mut self, error: &sqlx::Error) -> TxError {
         let reason = pg::describe(error);
         if self.poison.is_none() {
-            self.poison = Some(Poison { kind: pg::classify(error), reason: reason.clone() });
+            self.poison = Some(Poison {
+                kind: pg::classify(error),
+                reason: reason.clone(),
+            });
         }
         TxError::Database(reason)
     }

@@ -13,7 +13,10 @@ use idemhost::{ClaimSettings, Claimer, Isolation, Outcome};
 const CONSUMER: &str = "inventory-reservation-v1";
 
 fn claimer(env: &TestEnv, consumer: &str, isolation: Isolation) -> Arc<Claimer> {
-    Arc::new(Claimer::new(env.pool.clone(), ClaimSettings::new(consumer, isolation)))
+    Arc::new(Claimer::new(
+        env.pool.clone(),
+        ClaimSettings::new(consumer, isolation),
+    ))
 }
 
 /// 1. One event delivered twice, one after the other: one marker, one decrement.
@@ -25,8 +28,14 @@ async fn duplicate_delivery_is_acked_without_second_effect() {
     let c = claimer(&env, CONSUMER, Isolation::ReadCommitted);
     let msg = message("evt-7", &order_payload("evt-7", "sku-1", 1));
 
-    assert_eq!(c.process(plugin.as_ref(), &msg).await.outcome, Outcome::Applied);
-    assert_eq!(c.process(plugin.as_ref(), &msg).await.outcome, Outcome::Duplicate);
+    assert_eq!(
+        c.process(plugin.as_ref(), &msg).await.outcome,
+        Outcome::Applied
+    );
+    assert_eq!(
+        c.process(plugin.as_ref(), &msg).await.outcome,
+        Outcome::Duplicate
+    );
 
     assert_eq!(env.markers(CONSUMER).await, 1);
     assert_eq!(env.available("sku-1").await, 9);
@@ -46,7 +55,10 @@ async fn simultaneous_deliveries_apply_exactly_once() {
         let id = format!("evt-race-{round}");
         let msg = message(&id, &order_payload(&id, "sku-1", 2));
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
-        let run = |c: Arc<Claimer>, p: Arc<idemhost::WasmHandler>, m: idemhost::Message, b: Arc<tokio::sync::Barrier>| {
+        let run = |c: Arc<Claimer>,
+                   p: Arc<idemhost::WasmHandler>,
+                   m: idemhost::Message,
+                   b: Arc<tokio::sync::Barrier>| {
             tokio::spawn(async move {
                 b.wait().await;
                 c.process(p.as_ref(), &m).await.outcome
@@ -56,7 +68,11 @@ async fn simultaneous_deliveries_apply_exactly_once() {
         let b = run(c.clone(), plugin.clone(), msg.clone(), barrier.clone());
         let mut outcomes = vec![a.await.unwrap(), b.await.unwrap()];
         outcomes.sort_by_key(|o| o.label());
-        assert_eq!(outcomes, vec![Outcome::Applied, Outcome::Duplicate], "round {round}");
+        assert_eq!(
+            outcomes,
+            vec![Outcome::Applied, Outcome::Duplicate],
+            "round {round}"
+        );
     }
     assert_eq!(env.markers(CONSUMER).await, 25);
     assert_eq!(env.reserved("sku-1").await, 50);
@@ -74,21 +90,36 @@ async fn failed_business_update_rolls_back_marker_and_effect() {
 
     let too_many = message("evt-big", &order_payload("evt-big", "sku-1", 5));
     let p = c.process(plugin.as_ref(), &too_many).await;
-    assert_eq!(p.outcome, Outcome::TerminalFailure("Unknown SKU or insufficient inventory for order-evt-big".into()));
+    assert_eq!(
+        p.outcome,
+        Outcome::TerminalFailure("Unknown SKU or insufficient inventory for order-evt-big".into())
+    );
     assert!(!p.outcome.committed());
     let unknown = message("evt-nosku", &order_payload("evt-nosku", "sku-404", 1));
-    assert!(matches!(c.process(plugin.as_ref(), &unknown).await.outcome, Outcome::TerminalFailure(_)));
+    assert!(matches!(
+        c.process(plugin.as_ref(), &unknown).await.outcome,
+        Outcome::TerminalFailure(_)
+    ));
     let malformed = message("evt-bad", "{not json");
     let p = c.process(plugin.as_ref(), &malformed).await;
-    assert!(matches!(&p.outcome, Outcome::TerminalFailure(r) if r.contains("malformed OrderPlaced")), "{p:?}");
+    assert!(
+        matches!(&p.outcome, Outcome::TerminalFailure(r) if r.contains("malformed OrderPlaced")),
+        "{p:?}"
+    );
 
     assert_eq!(env.markers(CONSUMER).await, 0);
     assert_eq!(env.available("sku-1").await, 1);
     assert_eq!(env.reserved("sku-1").await, 0);
 
     // A failed attempt is not a false duplicate: once stock exists, the same id applies.
-    sqlx::query("UPDATE inventory SET available = 10 WHERE sku = 'sku-1'").execute(&env.pool).await.unwrap();
-    assert_eq!(c.process(plugin.as_ref(), &too_many).await.outcome, Outcome::Applied);
+    sqlx::query("UPDATE inventory SET available = 10 WHERE sku = 'sku-1'")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.process(plugin.as_ref(), &too_many).await.outcome,
+        Outcome::Applied
+    );
     assert_eq!(env.reserved("sku-1").await, 5);
     env.cleanup().await;
 }
@@ -104,7 +135,10 @@ async fn waiting_claim_is_duplicate_when_winner_commits() {
     let msg = message("evt-4", &order_payload("evt-4", "sku-1", 3));
 
     let mut row_lock = env.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'sku-1' FOR UPDATE").execute(&mut *row_lock).await.unwrap();
+    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'sku-1' FOR UPDATE")
+        .execute(&mut *row_lock)
+        .await
+        .unwrap();
 
     let first = tokio::spawn({
         let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
@@ -115,14 +149,19 @@ async fn waiting_claim_is_duplicate_when_winner_commits() {
         let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
         async move { c.process(p.as_ref(), &m).await }
     });
-    env.wait_for_lock_wait("INSERT INTO processed_message").await; // second waits on the marker
+    env.wait_for_lock_wait("INSERT INTO processed_message")
+        .await; // second waits on the marker
 
     row_lock.commit().await.unwrap();
     let first = first.await.unwrap();
     let second = second.await.unwrap();
     assert_eq!(first.outcome, Outcome::Applied);
     assert_eq!(second.outcome, Outcome::Duplicate);
-    assert!(second.claim_time >= Duration::from_millis(1), "the second claim waited: {:?}", second.claim_time);
+    assert!(
+        second.claim_time >= Duration::from_millis(1),
+        "the second claim waited: {:?}",
+        second.claim_time
+    );
     assert_eq!(env.markers(CONSUMER).await, 1);
     assert_eq!(env.reserved("sku-1").await, 3);
     env.cleanup().await;
@@ -139,7 +178,10 @@ async fn waiting_claim_applies_when_winner_rolls_back() {
     let msg = message("evt-5", &order_payload("evt-5", "sku-1", 3));
 
     let mut row_lock = env.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'sku-1' FOR UPDATE").execute(&mut *row_lock).await.unwrap();
+    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'sku-1' FOR UPDATE")
+        .execute(&mut *row_lock)
+        .await
+        .unwrap();
 
     let first = tokio::spawn({
         let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
@@ -150,11 +192,19 @@ async fn waiting_claim_applies_when_winner_rolls_back() {
         let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
         async move { c.process(p.as_ref(), &m).await }
     });
-    env.wait_for_lock_wait("INSERT INTO processed_message").await;
+    env.wait_for_lock_wait("INSERT INTO processed_message")
+        .await;
 
-    sqlx::query("SELECT pg_cancel_backend($1)").bind(first_pid).execute(&env.pool).await.unwrap();
+    sqlx::query("SELECT pg_cancel_backend($1)")
+        .bind(first_pid)
+        .execute(&env.pool)
+        .await
+        .unwrap();
     let first = first.await.unwrap();
-    assert!(matches!(&first.outcome, Outcome::RetryableFailure(r) if r.contains("57014")), "{first:?}");
+    assert!(
+        matches!(&first.outcome, Outcome::RetryableFailure(r) if r.contains("57014")),
+        "{first:?}"
+    );
     // The second now owns the marker and waits for the row like the first did.
     env.wait_for_lock_wait("UPDATE inventory").await;
     row_lock.commit().await.unwrap();
@@ -174,9 +224,18 @@ async fn two_consumer_names_each_apply_the_same_message() {
     let inventory = claimer(&env, CONSUMER, Isolation::ReadCommitted);
     let analytics = claimer(&env, "analytics-v1", Isolation::ReadCommitted);
 
-    assert_eq!(inventory.process(plugin.as_ref(), &msg).await.outcome, Outcome::Applied);
-    assert_eq!(analytics.process(plugin.as_ref(), &msg).await.outcome, Outcome::Applied);
-    assert_eq!(analytics.process(plugin.as_ref(), &msg).await.outcome, Outcome::Duplicate);
+    assert_eq!(
+        inventory.process(plugin.as_ref(), &msg).await.outcome,
+        Outcome::Applied
+    );
+    assert_eq!(
+        analytics.process(plugin.as_ref(), &msg).await.outcome,
+        Outcome::Applied
+    );
+    assert_eq!(
+        analytics.process(plugin.as_ref(), &msg).await.outcome,
+        Outcome::Duplicate
+    );
 
     assert_eq!(env.markers(CONSUMER).await, 1);
     assert_eq!(env.markers("analytics-v1").await, 1);
@@ -218,8 +277,14 @@ async fn serialization_failure_retries_whole_transaction_with_same_id() {
         let p = c.process(plugin.as_ref(), &msg).await;
         assert_eq!(p.outcome, Outcome::Applied, "{isolation:?}");
         assert_eq!(p.tx_attempts, 3, "{isolation:?}");
-        assert_eq!(env.scalar("SELECT last_value FROM update_attempts").await, 3);
-        let ids: Vec<String> = sqlx::query_scalar("SELECT message_id FROM processed_message").fetch_all(&env.pool).await.unwrap();
+        assert_eq!(
+            env.scalar("SELECT last_value FROM update_attempts").await,
+            3
+        );
+        let ids: Vec<String> = sqlx::query_scalar("SELECT message_id FROM processed_message")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
         assert_eq!(ids, vec!["evt-8".to_string()]);
         assert_eq!(env.reserved("sku-1").await, 1);
         env.cleanup().await;
@@ -245,7 +310,10 @@ async fn serialization_failure_past_limit_is_retryable_and_commits_nothing() {
         );
         assert!(!p.outcome.committed());
         assert_eq!(p.tx_attempts, 5);
-        assert_eq!(env.scalar("SELECT last_value FROM update_attempts").await, 5);
+        assert_eq!(
+            env.scalar("SELECT last_value FROM update_attempts").await,
+            5
+        );
         assert_eq!(env.markers(CONSUMER).await, 0);
         assert_eq!(env.reserved("sku-1").await, 0);
         env.cleanup().await;
@@ -263,7 +331,10 @@ async fn concurrent_update_under_repeatable_read_is_retried() {
     let msg = message("evt-8c", &order_payload("evt-8c", "sku-1", 1));
 
     let mut other = env.pool.begin().await.unwrap();
-    sqlx::query("UPDATE inventory SET available = available + 100 WHERE sku = 'sku-1'").execute(&mut *other).await.unwrap();
+    sqlx::query("UPDATE inventory SET available = available + 100 WHERE sku = 'sku-1'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
     let delivery = tokio::spawn({
         let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
         async move { c.process(p.as_ref(), &m).await }

@@ -19,7 +19,11 @@ pub const PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 
 pub fn unique(tag: &str) -> String {
-    format!("{}_{:08x}", tag.to_lowercase().replace('-', "_"), rand::rng().random::<u32>())
+    format!(
+        "{}_{:08x}",
+        tag.to_lowercase().replace('-', "_"),
+        rand::rng().random::<u32>()
+    )
 }
 
 /// A private schema with `processed_message` and the example's `inventory`.
@@ -30,17 +34,31 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn new(tag: &str) -> TestEnv {
+        init_logs();
         let schema = format!("t_{}", unique(tag));
-        let admin = PgPoolOptions::new().max_connections(1).connect(PG_URL).await.expect("connect to test PostgreSQL");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}"))).execute(&admin).await.unwrap();
-        admin.close().await;
-        let options = idemhost::pg::connect_options(PG_URL, Some(&schema), &schema).unwrap();
-        let pool = PgPoolOptions::new().max_connections(12).connect_with(options).await.unwrap();
-        idemhost::pg::migrate(&pool).await.unwrap();
-        sqlx::raw_sql(include_str!("../../../examples/order-flow/migrations/0001_inventory.sql"))
-            .execute(&pool)
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(PG_URL)
+            .await
+            .expect("connect to test PostgreSQL");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
             .await
             .unwrap();
+        admin.close().await;
+        let options = idemhost::pg::connect_options(PG_URL, Some(&schema), &schema).unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(12)
+            .connect_with(options)
+            .await
+            .unwrap();
+        idemhost::pg::migrate(&pool).await.unwrap();
+        sqlx::raw_sql(include_str!(
+            "../../../examples/order-flow/migrations/0001_inventory.sql"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
         TestEnv { schema, pool }
     }
 
@@ -72,28 +90,40 @@ impl TestEnv {
     }
 
     pub async fn reserved(&self, sku: &str) -> i64 {
-        sqlx::query_scalar("SELECT reserved FROM inventory WHERE sku = $1").bind(sku).fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar("SELECT reserved FROM inventory WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     pub async fn available(&self, sku: &str) -> i64 {
-        sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1").bind(sku).fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     /// Pid of this test's session that waits on a lock while running a statement starting
     /// with `prefix`, once there is one.
     pub async fn wait_for_lock_wait(&self, prefix: &str) -> i32 {
         let like = format!("{prefix}%");
-        wait_until(Duration::from_secs(20), &format!("a session blocked in `{prefix}`"), || async {
-            sqlx::query_scalar::<_, i32>(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+        wait_until(
+            Duration::from_secs(20),
+            &format!("a session blocked in `{prefix}`"),
+            || async {
+                sqlx::query_scalar::<_, i32>(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
                  AND wait_event_type = 'Lock' AND query LIKE $2",
-            )
-            .bind(&self.schema)
-            .bind(&like)
-            .fetch_optional(&self.pool)
-            .await
-            .unwrap()
-        })
+                )
+                .bind(&self.schema)
+                .bind(&like)
+                .fetch_optional(&self.pool)
+                .await
+                .unwrap()
+            },
+        )
         .await
     }
 
@@ -107,9 +137,29 @@ impl TestEnv {
 
     pub async fn cleanup(self) {
         self.pool.close().await;
-        let admin = PgPoolOptions::new().max_connections(1).connect(PG_URL).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", self.schema))).execute(&admin).await.unwrap();
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(PG_URL)
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema
+        )))
+        .execute(&admin)
+        .await
+        .unwrap();
     }
+}
+
+/// Test logs go through the test harness's capture; `RUST_LOG=idemhost=debug` shows more.
+pub fn init_logs() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 /// Polls `probe` until it yields a value; panics after `timeout` naming what it waited for.
@@ -123,7 +173,10 @@ where
         if let Some(v) = probe().await {
             return v;
         }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -133,7 +186,11 @@ pub fn plugin_path(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../plugins/target/wasm32-wasip2/release")
         .join(format!("{name}.wasm"));
-    assert!(p.exists(), "{} is missing: run scripts/build-plugins.sh first", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/build-plugins.sh first",
+        p.display()
+    );
     p
 }
 
@@ -143,7 +200,10 @@ pub fn runtime() -> &'static PluginRuntime {
 }
 
 pub fn load_plugin(name: &str, timeout: Duration) -> Arc<WasmHandler> {
-    let limits = PluginLimits { timeout, memory: 64 << 20 };
+    let limits = PluginLimits {
+        timeout,
+        memory: 64 << 20,
+    };
     Arc::new(runtime().load(&plugin_path(name), limits).unwrap())
 }
 
@@ -179,7 +239,9 @@ impl NatsEnv {
     pub async fn at(url: &str, tag: &str, duplicate_window: Duration) -> NatsEnv {
         let prefix = unique(tag);
         let stream = prefix.to_uppercase();
-        let client = async_nats::connect(url).await.expect("connect to test NATS");
+        let client = async_nats::connect(url)
+            .await
+            .expect("connect to test NATS");
         let js = jetstream::new(client.clone());
         js.create_stream(stream::Config {
             name: stream.clone(),
@@ -189,7 +251,12 @@ impl NatsEnv {
         })
         .await
         .unwrap();
-        NatsEnv { client, js, stream, prefix }
+        NatsEnv {
+            client,
+            js,
+            stream,
+            prefix,
+        }
     }
 
     pub fn subject(&self) -> String {
@@ -208,7 +275,11 @@ impl NatsEnv {
         }
         headers.insert("Idemhost-Event-Type", "OrderPlaced");
         self.js
-            .publish_with_headers(self.subject(), headers, payload.to_string().into_bytes().into())
+            .publish_with_headers(
+                self.subject(),
+                headers,
+                payload.to_string().into_bytes().into(),
+            )
             .await
             .unwrap()
             .await
@@ -221,11 +292,18 @@ impl NatsEnv {
     }
 
     /// Waits until the durable consumer has nothing pending and nothing unacknowledged.
-    pub async fn wait_drained(&self, durable: &str, timeout: Duration) -> jetstream::consumer::Info {
+    pub async fn wait_drained(
+        &self,
+        durable: &str,
+        timeout: Duration,
+    ) -> jetstream::consumer::Info {
         wait_until(timeout, &format!("consumer {durable} to drain"), || async {
             let stream = self.js.get_stream(&self.stream).await.ok()?;
             let info = stream.consumer_info(durable).await.ok()?;
-            (info.num_pending == 0 && info.num_ack_pending == 0 && info.delivered.consumer_sequence > 0).then_some(info)
+            (info.num_pending == 0
+                && info.num_ack_pending == 0
+                && info.delivered.consumer_sequence > 0)
+                .then_some(info)
         })
         .await
     }
@@ -234,13 +312,26 @@ impl NatsEnv {
     pub async fn dead_letters(&self) -> Vec<(async_nats::HeaderMap, Vec<u8>)> {
         let stream = self.js.get_stream(&self.stream).await.unwrap();
         let consumer = stream
-            .create_consumer(pull::Config { filter_subject: self.dlq(), ack_policy: jetstream::consumer::AckPolicy::None, ..Default::default() })
+            .create_consumer(pull::Config {
+                filter_subject: self.dlq(),
+                ack_policy: jetstream::consumer::AckPolicy::None,
+                ..Default::default()
+            })
             .await
             .unwrap();
         let mut out = Vec::new();
-        let mut batch = consumer.fetch().max_messages(10_000).expires(Duration::from_millis(500)).messages().await.unwrap();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(10_000)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .unwrap();
         while let Some(Ok(m)) = batch.next().await {
-            out.push((m.message.headers.clone().unwrap_or_default(), m.message.payload.to_vec()));
+            out.push((
+                m.message.headers.clone().unwrap_or_default(),
+                m.message.payload.to_vec(),
+            ));
         }
         out
     }
@@ -262,7 +353,10 @@ impl RunningHost {
         let task = tokio::spawn(host.run(idemhost::host::RunOptions::default(), async move {
             let _ = rx.await;
         }));
-        RunningHost { stop: Some(tx), task }
+        RunningHost {
+            stop: Some(tx),
+            task,
+        }
     }
 
     pub async fn stop(mut self) {
@@ -284,5 +378,11 @@ pub fn config(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &s
         plugin_path(plugin).display(),
         nats.dlq(),
     );
-    Config::from_toml(&text, std::iter::empty(), "test.toml".as_ref(), ".".as_ref()).unwrap()
+    Config::from_toml(
+        &text,
+        std::iter::empty(),
+        "test.toml".as_ref(),
+        ".".as_ref(),
+    )
+    .unwrap()
 }

@@ -1,0 +1,327 @@
+//! End to end through the real NATS JetStream and PostgreSQL: the host pulls, claims, runs the
+//! WASM plugin, commits, and acks (or naks, or dead-letters) — proven by SQL and by the
+//! durable consumer's state.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use idemhost::Host;
+use rand::seq::{IndexedRandom, SliceRandom};
+
+const CONSUMER: &str = "inventory-reservation-v1";
+
+/// 1,000 OrderPlaced with 20% duplicate ids in shuffled order: markers == distinct ids, the
+/// reserved sum == distinct ids × quantity, everything acked and nothing redelivered.
+#[tokio::test]
+async fn thousand_orders_with_duplicates_apply_once_each() {
+    let env = TestEnv::new("e2e1k").await;
+    let skus: Vec<String> = (1..=20).map(|i| format!("sku-{i}")).collect();
+    let seeds: Vec<(&str, i64)> = skus.iter().map(|s| (s.as_str(), 1_000_000)).collect();
+    env.seed_inventory(&seeds).await;
+    // The broker's own dedupe window is kept tiny, and duplicates are published in a later
+    // batch than their original, so the host (not the broker) sees every duplicate.
+    let window = Duration::from_millis(100);
+    let nats = NatsEnv::new("e2e1k", window).await;
+
+    // 10 batches of 100; 200 of the 900 slots after the first batch repeat a distinct id
+    // from an earlier batch (never twice in one batch: the broker would drop that).
+    let mut rng = rand::rng();
+    let mut published: Vec<String> = Vec::new();
+    let mut batches: Vec<Vec<String>> = Vec::new();
+    let mut dup_slots: Vec<bool> = (0..900).map(|i| i < 200).collect();
+    dup_slots.shuffle(&mut rng);
+    let mut next_id = 0;
+    for b in 0..10 {
+        let dups = if b == 0 {
+            0
+        } else {
+            dup_slots[(b - 1) * 100..b * 100]
+                .iter()
+                .filter(|d| **d)
+                .count()
+        };
+        let mut batch: Vec<String> = published.choose_multiple(&mut rng, dups).cloned().collect();
+        while batch.len() < 100 {
+            batch.push(format!("evt-{next_id}"));
+            next_id += 1;
+        }
+        published.extend(batch[dups..].iter().cloned());
+        batch.shuffle(&mut rng);
+        batches.push(batch);
+    }
+    let distinct: HashSet<&String> = batches.iter().flatten().collect();
+    assert_eq!(distinct.len(), 800);
+
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "inventory",
+        "max_in_flight = 8\nack_wait = \"5s\"",
+    )));
+    for batch in &batches {
+        for id in batch {
+            let sku = &skus[id.trim_start_matches("evt-").parse::<usize>().unwrap() % skus.len()];
+            let ack = nats.publish(Some(id), &order_payload(id, sku, 2)).await;
+            assert!(!ack.duplicate, "the broker must not drop {id}");
+        }
+        tokio::time::sleep(window * 3 + Duration::from_millis(50)).await;
+    }
+
+    let info = nats
+        .wait_drained(&nats_durable(), Duration::from_secs(120))
+        .await;
+    assert_eq!(info.delivered.stream_sequence, 1000);
+    assert_eq!(env.markers(CONSUMER).await, 800);
+    assert_eq!(
+        env.scalar("SELECT sum(reserved)::bigint FROM inventory")
+            .await,
+        1600
+    );
+    assert_eq!(
+        env.scalar("SELECT sum(available)::bigint FROM inventory")
+            .await,
+        20 * 1_000_000 - 1600
+    );
+    // Nothing is redelivered after everything was acked (ack_wait 5s has passed by then).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = nats.consumer_info(&nats_durable()).await;
+    assert_eq!(after.delivered.consumer_sequence, 1000, "no redeliveries");
+    assert_eq!(after.num_redelivered, 0);
+    assert_eq!(after.num_ack_pending, 0);
+    assert!(nats.dead_letters().await.is_empty());
+
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+fn nats_durable() -> String {
+    CONSUMER.to_string()
+}
+
+/// Terminal failures (unknown SKU, malformed JSON) and refused ids (missing, empty, too long)
+/// are dead-lettered with the original id, headers and payload plus the reason, then
+/// terminated; none leaves a marker or an effect.
+#[tokio::test]
+async fn terminal_failures_are_dead_lettered_with_reason() {
+    let env = TestEnv::new("e2edlq").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let nats = NatsEnv::new("e2edlq", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "inventory",
+        "max_in_flight = 4",
+    )));
+
+    nats.publish(Some("evt-nosku"), &order_payload("evt-nosku", "sku-404", 1))
+        .await;
+    nats.publish(Some("evt-bad"), "{ not json").await;
+    nats.publish(None, &order_payload("none", "sku-1", 1)).await;
+    nats.publish(Some(&"x".repeat(300)), &order_payload("long", "sku-1", 1))
+        .await;
+    nats.publish(Some("evt-ok"), &order_payload("evt-ok", "sku-1", 1))
+        .await;
+
+    nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
+    let letters = nats.dead_letters().await;
+    assert_eq!(letters.len(), 4, "{letters:?}");
+    let reason_of = |id: Option<&str>| {
+        letters
+            .iter()
+            .find(|(h, r)| h.get("Idemhost-Message-Id").map(|v| v.as_str()) == id && !r.is_empty())
+            .and_then(|(h, _)| {
+                h.get("Idemhost-Failure-Reason")
+                    .map(|v| v.as_str().to_string())
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        reason_of(Some("evt-nosku"))
+            .contains("Unknown SKU or insufficient inventory for order-evt-nosku")
+    );
+    assert!(reason_of(Some("evt-bad")).contains("malformed OrderPlaced"));
+    let refused: Vec<String> = letters
+        .iter()
+        .filter(|(h, _)| h.get("Idemhost-Message-Id").is_none())
+        .map(|(h, _)| {
+            h.get("Idemhost-Failure-Reason")
+                .unwrap()
+                .as_str()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.contains("missing message id header Nats-Msg-Id")),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.contains("300 bytes, over the 256-byte limit")),
+        "{refused:?}"
+    );
+    let (headers, payload) = letters
+        .iter()
+        .find(|(h, _)| h.get("Idemhost-Message-Id").map(|v| v.as_str()) == Some("evt-nosku"))
+        .unwrap();
+    assert_eq!(payload, order_payload("evt-nosku", "sku-404", 1).as_bytes());
+    assert_eq!(
+        headers.get("Idemhost-Event-Type").map(|v| v.as_str()),
+        Some("OrderPlaced")
+    );
+    assert_eq!(
+        headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some("inventory-reservation-v1/evt-nosku")
+    );
+    assert_eq!(
+        headers.get("Idemhost-Consumer").map(|v| v.as_str()),
+        Some(CONSUMER)
+    );
+    assert_eq!(
+        headers.get("Idemhost-Original-Subject").map(|v| v.as_str()),
+        Some(nats.subject().as_str())
+    );
+
+    assert_eq!(env.markers(CONSUMER).await, 1, "only evt-ok");
+    assert_eq!(env.reserved("sku-1").await, 1);
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// A retryable failure is nak'ed with backoff and redelivered; the attempt that succeeds
+/// applies once. Out of attempts (`max_deliver`), the message is dead-lettered.
+#[tokio::test]
+async fn retryable_failures_are_redelivered_then_applied_or_dead_lettered() {
+    let env = TestEnv::new("e2eretry").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let nats = NatsEnv::new("e2eretry", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        "testkit-v1",
+        "testkit",
+        "max_in_flight = 2\nmax_deliver = 3\nbackoff = [\"50ms\", \"100ms\"]",
+    )));
+    let reserve =
+        r#"{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}"#;
+    nats.publish(
+        Some("evt-third-time"),
+        &format!(r#"{{"steps":[{reserve},{{"fail_before_attempt":3}}]}}"#),
+    )
+    .await;
+    nats.publish(
+        Some("evt-never"),
+        &format!(r#"{{"steps":[{reserve},{{"fail_before_attempt":99}}]}}"#),
+    )
+    .await;
+
+    let info = nats
+        .wait_drained("testkit-v1", Duration::from_secs(30))
+        .await;
+    assert_eq!(info.delivered.consumer_sequence, 6, "3 deliveries each");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'evt-third-time'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'evt-never'")
+            .await,
+        0
+    );
+    assert_eq!(
+        env.reserved("sku-1").await,
+        1,
+        "failed attempts left no effect"
+    );
+    let letters = nats.dead_letters().await;
+    assert_eq!(letters.len(), 1);
+    let reason = letters[0]
+        .0
+        .get("Idemhost-Failure-Reason")
+        .unwrap()
+        .as_str()
+        .to_string();
+    assert!(
+        reason.contains("attempt 3 < 99") && reason.contains("after 3 deliveries"),
+        "{reason}"
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// Stopping the host in the middle of a run loses and doubles nothing: what committed is
+/// acked, what did not is redelivered to the restarted host.
+#[tokio::test]
+async fn shutdown_mid_run_loses_and_doubles_nothing() {
+    let env = TestEnv::new("e2estop").await;
+    env.seed_inventory(&[("sku-1", 1_000_000)]).await;
+    let nats = NatsEnv::new("e2estop", Duration::from_secs(60)).await;
+    for i in 0..400 {
+        let id = format!("evt-{i}");
+        nats.publish(Some(&id), &order_payload(&id, "sku-1", 1))
+            .await;
+    }
+    let cfg = config(
+        &env,
+        &nats,
+        CONSUMER,
+        "inventory",
+        "max_in_flight = 4\nack_wait = \"3s\"",
+    );
+    let host = RunningHost::start(Host::new(cfg.clone()));
+    wait_until(Duration::from_secs(30), "some progress", || async {
+        (env.markers(CONSUMER).await >= 100).then_some(())
+    })
+    .await;
+    host.stop().await;
+    let at_stop = env.markers(CONSUMER).await;
+    assert!(at_stop < 400, "stopped mid-run ({at_stop})");
+
+    let host = RunningHost::start(Host::new(cfg));
+    nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
+    assert_eq!(env.markers(CONSUMER).await, 400);
+    assert_eq!(env.reserved("sku-1").await, 400);
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// The same pipeline runs a native Rust handler registered by an embedding program.
+#[tokio::test]
+async fn native_handler_runs_through_the_same_pipeline() {
+    let env = TestEnv::new("e2enative").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let nats = NatsEnv::new("e2enative", Duration::from_millis(100)).await;
+    let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
+    cfg.consumers[0].plugin = None;
+    let host = RunningHost::start(
+        Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),
+    );
+    nats.publish(Some("evt-1"), &order_payload("evt-1", "sku-1", 2))
+        .await;
+    nats.publish(Some("evt-2"), &order_payload("evt-2", "sku-404", 1))
+        .await;
+    tokio::time::sleep(Duration::from_millis(150)).await; // past the broker's dedupe window
+    nats.publish(Some("evt-1"), &order_payload("evt-1", "sku-1", 2))
+        .await;
+    nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
+    assert_eq!(env.markers(CONSUMER).await, 1);
+    assert_eq!(env.reserved("sku-1").await, 2);
+    assert_eq!(nats.dead_letters().await.len(), 1);
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}

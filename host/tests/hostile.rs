@@ -1,0 +1,250 @@
+//! Plugins that misbehave — refused SQL, traps, endless loops, memory bombs, swallowed database
+//! errors — are contained: the delivery rolls back with a clear reason and the host keeps
+//! serving the next one.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use idemhost::{ClaimSettings, Claimer, Isolation, Outcome};
+
+const CONSUMER: &str = "testkit-v1";
+
+fn claimer(env: &TestEnv) -> Claimer {
+    Claimer::new(
+        env.pool.clone(),
+        ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
+    )
+}
+
+/// A delivery that must still work after a hostile one.
+async fn healthy_delivery_still_applies(c: &Claimer, plugin: &idemhost::WasmHandler, id: &str) {
+    let script = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}]}"#;
+    assert_eq!(
+        c.process(plugin, &message(id, script)).await.outcome,
+        Outcome::Applied
+    );
+}
+
+/// Statements that control the transaction or session, or touch the marker table, are refused
+/// with an error the plugin sees; the transaction stays usable and commits the plugin's work.
+#[tokio::test]
+async fn refused_sql_is_an_error_the_plugin_sees() {
+    let env = TestEnv::new("refused").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    sqlx::query("CREATE TABLE seen_errors (error text NOT NULL)")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let c = claimer(&env);
+    let refused = [
+        "COMMIT",
+        "ROLLBACK",
+        "SAVEPOINT s",
+        "SET ROLE postgres",
+        "SET session_authorization postgres",
+        "RESET ALL",
+        "LISTEN x",
+        "COPY inventory TO PROGRAM 'cat'",
+        "SELECT 1; COMMIT",
+        "DELETE FROM processed_message",
+        "SELECT set_config('statement_timeout', '0', true)",
+    ];
+    let steps: Vec<String> = refused
+        .iter()
+        .map(|sql| format!(r#"{{"execute":{}}}"#, serde_json::json!(sql)))
+        .collect();
+    let script = format!(
+        r#"{{"keep_going":true,"steps":[{},{{"record_errors":"seen_errors"}},{{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}}]}}"#,
+        steps.join(",")
+    );
+    let p = c
+        .process(plugin.as_ref(), &message("evt-refused", &script))
+        .await;
+    assert_eq!(p.outcome, Outcome::Applied);
+
+    let errors: Vec<String> = sqlx::query_scalar("SELECT error FROM seen_errors")
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(errors.len(), refused.len(), "{errors:?}");
+    assert!(
+        errors.iter().all(|e| e.starts_with("statement refused")),
+        "{errors:?}"
+    );
+    assert_eq!(
+        env.markers(CONSUMER).await,
+        1,
+        "the refusals did not touch the marker"
+    );
+    assert_eq!(
+        env.reserved("sku-1").await,
+        1,
+        "the plugin's own work committed"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'evt-refused'")
+            .await,
+        1
+    );
+    env.cleanup().await;
+}
+
+/// A trapping plugin fails the delivery as retryable, rolls back, and leaves the host serving.
+#[tokio::test]
+async fn trapping_plugin_rolls_back_and_host_keeps_serving() {
+    let env = TestEnv::new("trap").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let c = claimer(&env);
+    let script = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 100 WHERE sku = 'sku-1'"},"trap"]}"#;
+    let p = c
+        .process(plugin.as_ref(), &message("evt-trap", script))
+        .await;
+    assert!(
+        matches!(&p.outcome, Outcome::RetryableFailure(r) if r.contains("plugin trapped")),
+        "{p:?}"
+    );
+    assert_eq!(env.markers(CONSUMER).await, 0);
+    assert_eq!(env.reserved("sku-1").await, 0);
+    healthy_delivery_still_applies(&c, &plugin, "evt-after-trap").await;
+    env.cleanup().await;
+}
+
+/// A plugin looping forever is interrupted at its deadline, rolled back, and does not stop
+/// other deliveries from running meanwhile.
+#[tokio::test]
+async fn endless_loop_is_interrupted_at_the_deadline() {
+    let env = TestEnv::new("loop").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let plugin = load_plugin("testkit", Duration::from_millis(300));
+    let c = claimer(&env);
+    let script = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 100 WHERE sku = 'sku-1'"},"loop"]}"#;
+    let looping_msg = message("evt-loop", script);
+    let started = Instant::now();
+    // Both on one task: the healthy delivery only completes if the looping plugin yields.
+    let (looping, healthy) = tokio::join!(
+        c.process(plugin.as_ref(), &looping_msg),
+        healthy_delivery_still_applies(&c, &plugin, "evt-beside-loop"),
+    );
+    let elapsed = started.elapsed();
+    let () = healthy;
+    assert!(
+        matches!(&looping.outcome, Outcome::RetryableFailure(r) if r.contains("handler_timeout")),
+        "{looping:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "interrupted promptly: {elapsed:?}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'evt-loop'")
+            .await,
+        0
+    );
+    assert_eq!(
+        env.reserved("sku-1").await,
+        1,
+        "only the healthy delivery's effect"
+    );
+    healthy_delivery_still_applies(&c, &plugin, "evt-after-loop").await;
+    env.cleanup().await;
+}
+
+/// Growing memory past `memory_limit` traps the instance with a clear reason.
+#[tokio::test]
+async fn memory_bomb_hits_the_limit() {
+    let env = TestEnv::new("membomb").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let plugin = load_plugin("testkit", Duration::from_secs(10));
+    let c = claimer(&env);
+    let p = c
+        .process(
+            plugin.as_ref(),
+            &message("evt-bomb", r#"{"steps":[{"alloc_mib":512}]}"#),
+        )
+        .await;
+    assert!(
+        matches!(&p.outcome, Outcome::RetryableFailure(r) if r.contains("memory_limit")),
+        "{p:?}"
+    );
+    assert_eq!(env.markers(CONSUMER).await, 0);
+    healthy_delivery_still_applies(&c, &plugin, "evt-after-bomb").await;
+    env.cleanup().await;
+}
+
+/// A plugin that swallows a database error and returns ok does not get its aborted
+/// transaction "committed": the delivery fails with the database error's class.
+#[tokio::test]
+async fn swallowed_database_error_is_not_committed() {
+    let env = TestEnv::new("swallow").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let c = claimer(&env);
+    let script = r#"{"keep_going":true,"steps":[
+        {"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"},
+        {"query":"SELECT 1 / 0"},
+        {"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}]}"#;
+    let p = c
+        .process(plugin.as_ref(), &message("evt-swallow", script))
+        .await;
+    assert!(
+        matches!(&p.outcome, Outcome::TerminalFailure(r) if r.contains("handler returned ok after a database error") && r.contains("22012")),
+        "{p:?}"
+    );
+    assert_eq!(env.markers(CONSUMER).await, 0);
+    assert_eq!(env.reserved("sku-1").await, 0);
+    env.cleanup().await;
+}
+
+/// Query results and parameters convert both ways; types without a sql-value are refused
+/// with a hint, and a NULL parameter fits any column.
+#[tokio::test]
+async fn values_round_trip_through_the_gate() {
+    let env = TestEnv::new("values").await;
+    sqlx::query(
+        "CREATE TABLE kv (k text PRIMARY KEY, n bigint, f float8, b boolean, j jsonb, raw bytea)",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let c = claimer(&env);
+    let script = r#"{"steps":[
+        {"execute":"INSERT INTO kv VALUES ($1, $2, $3, $4, $5::text::jsonb, NULL)","params":["a", 42, 1.5, true, "{\"x\":1}"]},
+        {"execute":"INSERT INTO kv (k, n) VALUES ($1, $2)","params":["b", null]},
+        {"query":"SELECT k, n, f, b, j, raw FROM kv ORDER BY k"}]}"#;
+    assert_eq!(
+        c.process(plugin.as_ref(), &message("evt-values", script))
+            .await
+            .outcome,
+        Outcome::Applied
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM kv WHERE n IS NULL AND k = 'b'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.scalar("SELECT (j->>'x')::bigint FROM kv WHERE k = 'a'")
+            .await,
+        1
+    );
+
+    let p = c
+        .process(
+            plugin.as_ref(),
+            &message(
+                "evt-numeric",
+                r#"{"steps":[{"query":"SELECT 1.5::numeric AS amount"}]}"#,
+            ),
+        )
+        .await;
+    assert!(
+        matches!(&p.outcome, Outcome::RetryableFailure(r) if r.contains("amount") && r.contains("::text")),
+        "{p:?}"
+    );
+    env.cleanup().await;
+}
