@@ -93,7 +93,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             let config = Config::load(&config)?;
             init_tracing(cli.log_format.or(config_log_format(&config)));
             let pool = pg::connect(&config.postgres, 1).await?;
-            pg::migrate(&pool).await?;
+            pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
             println!(
                 "migrations applied to {}",
                 pg::redact_url(&config.postgres.url)

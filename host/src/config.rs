@@ -300,6 +300,21 @@ impl Config {
                 "must start with postgres:// or postgresql://",
             );
         }
+        if let Some(schema) = &self.postgres.schema {
+            let plain = schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if schema.is_empty()
+                || !plain
+                || schema.len() > 63
+                || schema.starts_with(|c: char| c.is_ascii_digit())
+            {
+                return bad(
+                    "postgres.schema".into(),
+                    "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
+                );
+            }
+        }
         if self.postgres.max_connections == 0 {
             return bad("postgres.max_connections".into(), "must be at least 1");
         }

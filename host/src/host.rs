@@ -69,7 +69,7 @@ impl Host {
         }
         let pool = pg::connect(&config.postgres, config.postgres.max_connections).await?;
         if options.migrate {
-            pg::migrate(&pool).await?;
+            pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
         }
 
         let needs_wasm = config

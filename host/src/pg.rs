@@ -99,8 +99,18 @@ pub async fn connect(config: &PostgresConfig, max_connections: u32) -> anyhow::R
 /// The host's own migrations (`migrations/`), embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Applies the host's migrations (idempotent; concurrent hosts serialize on sqlx's lock).
-pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+/// Applies the host's migrations (idempotent; concurrent hosts serialize on sqlx's lock),
+/// creating the configured schema first when it does not exist yet.
+pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
+    if let Some(schema) = schema {
+        // The name is validated as a plain identifier by the config; quoting keeps it exact.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{schema}\""
+        )))
+        .execute(pool)
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to create schema {schema}: {}", describe(&e)))?;
+    }
     MIGRATOR
         .run(pool)
         .await

@@ -52,7 +52,7 @@ impl TestEnv {
             .connect_with(options)
             .await
             .unwrap();
-        idemhost::pg::migrate(&pool).await.unwrap();
+        idemhost::pg::migrate(&pool, Some(&schema)).await.unwrap();
         sqlx::raw_sql(include_str!(
             "../../../examples/order-flow/migrations/0001_inventory.sql"
         ))

@@ -1,0 +1,133 @@
+//! The binary's start-up errors: each names the key, file or (redacted) URL that is wrong, and
+//! exits non-zero before consuming anything.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+fn run_with(dir: &Path, toml: &str) -> (bool, String) {
+    let path = dir.join("idemhost.toml");
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+        .arg("run")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn consumer(plugin: &Path, stream: &str) -> String {
+    format!(
+        "[[consumer]]\nname = \"c1\"\nstream = \"{stream}\"\nsubjects = [\"x.y\"]\nplugin = \"{}\"\n",
+        plugin.display()
+    )
+}
+
+fn tmpdir() -> PathBuf {
+    let d = std::env::temp_dir().join(unique("idemhost_cli"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Unreachable servers and bad config are reported clearly, with passwords redacted.
+#[tokio::test]
+async fn startup_errors_name_what_is_wrong() {
+    let dir = tmpdir();
+    let plugin = plugin_path("inventory");
+    let schema = unique("t_cli");
+    let good_pg = format!("[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n");
+
+    let (ok, err) = run_with(
+        &dir,
+        &format!(
+            "[postgres]\nurl = \"postgres://app:s3cret@127.0.0.1:1/x\"\nacquire_timeout = \"1s\"\n{}",
+            consumer(&plugin, "S")
+        ),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("failed to connect to PostgreSQL at postgres://app:***@127.0.0.1:1/x"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+
+    let (ok, err) = run_with(
+        &dir,
+        &format!(
+            "[nats]\nurl = \"nats://127.0.0.1:1\"\nconnect_timeout = \"1s\"\n{good_pg}{}",
+            consumer(&plugin, "S")
+        ),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("failed to connect to NATS at nats://127.0.0.1:1"),
+        "{err}"
+    );
+
+    let (ok, err) = run_with(
+        &dir,
+        &format!("{good_pg}{}max_in_flight = 0\n", consumer(&plugin, "S")),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("consumer[0].max_in_flight") && err.contains("between 1 and 4096"),
+        "{err}"
+    );
+
+    let (ok, err) = run_with(
+        &dir,
+        &format!(
+            "{good_pg}{}handler_timeout = \"soon\"\n",
+            consumer(&plugin, "S")
+        ),
+    );
+    assert!(!ok);
+    assert!(err.contains("invalid duration \"soon\""), "{err}");
+
+    let (ok, err) = run_with(
+        &dir,
+        &format!("{good_pg}{}", consumer(&dir.join("missing.wasm"), "S")),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("consumer c1") && err.contains("missing.wasm"),
+        "{err}"
+    );
+
+    let junk = dir.join("junk.wasm");
+    std::fs::write(&junk, b"\0asm not really").unwrap();
+    let (ok, err) = run_with(&dir, &format!("{good_pg}{}", consumer(&junk, "S")));
+    assert!(!ok);
+    assert!(
+        err.contains("is not a valid WebAssembly component"),
+        "{err}"
+    );
+
+    let (ok, err) = run_with(
+        &dir,
+        &format!(
+            "{good_pg}{}",
+            consumer(&plugin, &unique("NO_SUCH_STREAM").to_uppercase())
+        ),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("not found (create it, or set create_stream = true)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let admin = sqlx::PgPool::connect(PG_URL).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+}

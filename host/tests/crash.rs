@@ -1,0 +1,149 @@
+//! The seed's seventh test and its siblings: the host *process* is SIGKILLed at a named
+//! failpoint (after the claim, before the commit, after the commit but before the ack), then
+//! restarted; by SQL, every message has exactly one effect. Needs `--features failpoints`.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const CONSUMER: &str = "inventory-reservation-v1";
+
+fn write_config(env: &TestEnv, nats: &NatsEnv, dir: &PathBuf) -> PathBuf {
+    let text = format!(
+        "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\nlog_format = \"json\"\n\n\
+         [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\n\
+         dead_letter_subject = \"{}\"\nmax_in_flight = 1\nack_wait = \"2s\"\n",
+        env.postgres_toml(),
+        nats.stream,
+        nats.subject(),
+        plugin_path("inventory").display(),
+        nats.dlq(),
+    );
+    let path = dir.join("idemhost.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn spawn_host(config: &PathBuf, failpoint: Option<&str>, log: &PathBuf) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemhost"));
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    cmd.env("RUST_LOG", "info").env_remove("IDEMHOST_FAILPOINT");
+    if let Some(fp) = failpoint {
+        cmd.env("IDEMHOST_FAILPOINT", fp);
+    }
+    cmd.spawn().unwrap()
+}
+
+async fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    wait_until(timeout, "the host process to exit", || {
+        let status = child.try_wait().unwrap();
+        async move { status }
+    })
+    .await
+}
+
+async fn crash_then_recover(failpoint: &str, committed_before_crash: i64) {
+    let env = TestEnv::new(&format!("crash_{failpoint}")).await;
+    env.seed_inventory(&[("sku-1", 100)]).await;
+    let nats = NatsEnv::new(&format!("crash_{failpoint}"), Duration::from_millis(100)).await;
+    let dir = std::env::temp_dir().join(unique("idemhost_crash"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = write_config(&env, &nats, &dir);
+    for i in 0..10 {
+        let id = format!("evt-{i}");
+        nats.publish(Some(&id), &order_payload(&id, "sku-1", 1))
+            .await;
+    }
+
+    let mut host = spawn_host(&config, Some(failpoint), &dir.join("first.log"));
+    let status = wait_exit(&mut host, Duration::from_secs(30)).await;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "killed at {failpoint}: {status:?}"
+    );
+    assert_eq!(
+        env.markers(CONSUMER).await,
+        committed_before_crash,
+        "state at the crash ({failpoint})"
+    );
+    assert_eq!(env.reserved("sku-1").await, committed_before_crash);
+
+    let log = dir.join("second.log");
+    let mut host = spawn_host(&config, None, &log);
+    nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
+    assert_eq!(
+        env.markers(CONSUMER).await,
+        10,
+        "after recovery ({failpoint})"
+    );
+    assert_eq!(
+        env.reserved("sku-1").await,
+        10,
+        "one effect per message ({failpoint})"
+    );
+    assert_eq!(env.available("sku-1").await, 90);
+
+    // Graceful stop: SIGTERM → exit 0.
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(host.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut host, Duration::from_secs(30)).await;
+    assert!(status.success(), "SIGTERM exits 0: {status:?}");
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let outcomes: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("outcome").is_some())
+        .collect();
+    let duplicates: Vec<&str> = outcomes
+        .iter()
+        .filter(|v| v["outcome"] == "duplicate")
+        .filter_map(|v| v["span"]["message_id"].as_str())
+        .collect();
+    let expected: Vec<&str> = if committed_before_crash == 1 {
+        vec!["evt-0"]
+    } else {
+        vec![]
+    };
+    assert_eq!(
+        duplicates, expected,
+        "the redelivered committed message is a duplicate, acked"
+    );
+    assert_eq!(
+        outcomes.len(),
+        10,
+        "one outcome line per delivery after the restart"
+    );
+    nats.cleanup().await;
+    env.cleanup().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 7. Crash after COMMIT, before the ack: the redelivery finds the marker, has no second
+/// effect, and is acked.
+#[tokio::test]
+async fn crash_after_commit_before_ack_has_no_second_effect() {
+    crash_then_recover("after_commit_before_ack", 1).await;
+}
+
+/// Crash right after the claim: nothing committed; the redelivery applies once.
+#[tokio::test]
+async fn crash_after_claim_loses_nothing() {
+    crash_then_recover("after_claim", 0).await;
+}
+
+/// Crash after the handler, before COMMIT: nothing committed; the redelivery applies once.
+#[tokio::test]
+async fn crash_before_commit_loses_nothing() {
+    crash_then_recover("before_commit", 0).await;
+}

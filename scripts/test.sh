@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests, and integration tests against the machine's PostgreSQL
+# (127.0.0.1:5432) and NATS JetStream (127.0.0.1:4222), including the crash tests (built with
+# the `failpoints` feature). Installs the wasm target it needs; exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pg_url=${IDEMHOST_TEST_PG:-postgres://root@127.0.0.1:5432/test}
+psql -q -X "$pg_url" -c 'SELECT 1' >/dev/null 2>&1 \
+  || { echo "test.sh: PostgreSQL is not reachable at $pg_url" >&2; exit 1; }
+(exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null \
+  || { echo "test.sh: NATS is not reachable at 127.0.0.1:4222" >&2; exit 1; }
+
+cargo fmt --all -- --check
+scripts/build-plugins.sh
+cargo test --workspace --features idemhost/failpoints "$@"
