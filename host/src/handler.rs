@@ -17,7 +17,7 @@ pub struct Message {
     pub subject: String,
     /// `Idemhost-Event-Type` when the producer set it.
     pub event_type: Option<String>,
-    /// All headers in arrival order.
+    /// All headers, sorted by name; a header with several values appears once per value.
     pub headers: Vec<(String, String)>,
     pub payload: Bytes,
     /// Delivery attempt counted by the broker, 1 for the first.
