@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 use idemhost::baseline::NativeInventory;
-use idemhost::{ClaimSettings, Claimer, Config, HandleFuture, Handler, Host, Isolation, Message, PluginLimits, PluginRuntime, TxHandle};
+use idemhost::{
+    ClaimSettings, Claimer, Config, HandleFuture, Handler, Host, Isolation, Message, PluginLimits,
+    PluginRuntime, TxHandle,
+};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -36,14 +39,20 @@ fn args() -> Args {
         n: 20_000,
         in_flight: vec![1, 16],
         handlers: vec!["wasm".into(), "native".into()],
-        plugin_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/target/wasm32-wasip2/release").into(),
+        plugin_dir: concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../plugins/target/wasm32-wasip2/release"
+        )
+        .into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--n" => a.n = value.parse().unwrap_or(a.n),
-            "--in-flight" => a.in_flight = value.split(',').filter_map(|s| s.parse().ok()).collect(),
+            "--in-flight" => {
+                a.in_flight = value.split(',').filter_map(|s| s.parse().ok()).collect()
+            }
             "--handler" => a.handlers = value.split(',').map(str::to_string).collect(),
             "--plugin-dir" => a.plugin_dir = value,
             other => panic!("unknown flag {other}"),
@@ -55,8 +64,14 @@ fn args() -> Args {
 /// utime + stime of this process.
 fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0) + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
     Duration::from_millis(ticks * 1000 / 100)
 }
 
@@ -72,29 +87,71 @@ fn peak_rss_mib() -> f64 {
 }
 
 async fn reset_schema() -> PgPool {
-    let admin = PgPoolOptions::new().max_connections(1).connect(PG_URL).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))).execute(&admin).await.unwrap();
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(PG_URL)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
     admin.close().await;
     let options = idemhost::pg::connect_options(PG_URL, Some(SCHEMA), "bench").unwrap();
-    let pool = PgPoolOptions::new().max_connections(20).connect_with(options).await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(20)
+        .connect_with(options)
+        .await
+        .unwrap();
     idemhost::pg::migrate(&pool, Some(SCHEMA)).await.unwrap();
-    sqlx::raw_sql(include_str!("../../examples/order-flow/migrations/0001_inventory.sql")).execute(&pool).await.unwrap();
-    sqlx::query("INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(1, 1000) g").execute(&pool).await.unwrap();
+    sqlx::raw_sql(include_str!(
+        "../../examples/order-flow/migrations/0001_inventory.sql"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(1, 1000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     pool
 }
 
 async fn publish_all(js: &jetstream::Context, n: usize) {
     let _ = js.delete_stream("BENCH").await;
     let _ = js.delete_stream("BENCH_DLQ").await;
-    js.create_stream(stream::Config { name: "BENCH".into(), subjects: vec!["bench.orders".into()], ..Default::default() }).await.unwrap();
-    js.create_stream(stream::Config { name: "BENCH_DLQ".into(), subjects: vec!["bench.dlq".into()], ..Default::default() }).await.unwrap();
+    js.create_stream(stream::Config {
+        name: "BENCH".into(),
+        subjects: vec!["bench.orders".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.create_stream(stream::Config {
+        name: "BENCH_DLQ".into(),
+        subjects: vec!["bench.dlq".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let mut pending = Vec::new();
     for i in 0..n {
         let id = format!("evt-{i}");
-        let payload = format!(r#"{{"id":"{id}","orderId":"order-{i}","sku":"sku-{}","quantity":1}}"#, 1 + i % 1000);
+        let payload = format!(
+            r#"{{"id":"{id}","orderId":"order-{i}","sku":"sku-{}","quantity":1}}"#,
+            1 + i % 1000
+        );
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
-        pending.push(js.publish_with_headers("bench.orders", headers, payload.into_bytes().into()).await.unwrap());
+        pending.push(
+            js.publish_with_headers("bench.orders", headers, payload.into_bytes().into())
+                .await
+                .unwrap(),
+        );
         if pending.len() >= 512 {
             for p in pending.drain(..) {
                 p.await.unwrap();
@@ -107,17 +164,30 @@ async fn publish_all(js: &jetstream::Context, n: usize) {
 }
 
 fn config(in_flight: u32, plugin: Option<String>) -> Config {
-    let plugin = plugin.map(|p| format!("plugin = \"{p}\"\n")).unwrap_or_default();
+    let plugin = plugin
+        .map(|p| format!("plugin = \"{p}\"\n"))
+        .unwrap_or_default();
     let text = format!(
         "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
          [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\n{plugin}\
          max_in_flight = {in_flight}\ndead_letter_subject = \"bench.dlq\"\n",
         in_flight + 2
     );
-    Config::from_toml(&text, std::iter::empty(), "bench.toml".as_ref(), ".".as_ref()).unwrap()
+    Config::from_toml(
+        &text,
+        std::iter::empty(),
+        "bench.toml".as_ref(),
+        ".".as_ref(),
+    )
+    .unwrap()
 }
 
-async fn end_to_end(args: &Args, handler: &str, in_flight: u32, js: &jetstream::Context) -> serde_json::Value {
+async fn end_to_end(
+    args: &Args,
+    handler: &str,
+    in_flight: u32,
+    js: &jetstream::Context,
+) -> serde_json::Value {
     let pool = reset_schema().await;
     publish_all(js, args.n).await;
     let plugin = (handler == "wasm").then(|| format!("{}/inventory.wasm", args.plugin_dir));
@@ -128,9 +198,11 @@ async fn end_to_end(args: &Args, handler: &str, in_flight: u32, js: &jetstream::
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let cpu0 = cpu_time();
     let started = Instant::now();
-    let task = tokio::spawn(host.run(idemhost::host::RunOptions { migrate: false }, async move {
-        let _ = stop_rx.await;
-    }));
+    let task = tokio::spawn(
+        host.run(idemhost::host::RunOptions { migrate: false }, async move {
+            let _ = stop_rx.await;
+        }),
+    );
     // The clock starts at the first acked delivery (plugin compilation and binding are
     // start-up, not throughput) and counts the deliveries acked after it.
     let stream = js.get_stream("BENCH").await.unwrap();
@@ -146,7 +218,10 @@ async fn end_to_end(args: &Args, handler: &str, in_flight: u32, js: &jetstream::
                 break;
             }
         }
-        assert!(started.elapsed() < Duration::from_secs(600), "bench did not finish in 10 minutes");
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "bench did not finish in 10 minutes"
+        );
     }
     let (t0, acked0) = first.unwrap_or((started, 0));
     let seconds = t0.elapsed().as_secs_f64();
@@ -154,8 +229,14 @@ async fn end_to_end(args: &Args, handler: &str, in_flight: u32, js: &jetstream::
     let cpu = (cpu_time() - cpu0).as_secs_f64();
     let _ = stop_tx.send(());
     task.await.unwrap().unwrap();
-    let markers: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_message").fetch_one(&pool).await.unwrap();
-    let reserved: i64 = sqlx::query_scalar("SELECT sum(reserved)::bigint FROM inventory").fetch_one(&pool).await.unwrap();
+    let markers: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_message")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let reserved: i64 = sqlx::query_scalar("SELECT sum(reserved)::bigint FROM inventory")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(markers as usize, args.n, "markers == N");
     assert_eq!(reserved as usize, args.n, "reserved sum == N");
     let per_second = counted as f64 / seconds;
@@ -203,10 +284,23 @@ async fn p50_us(c: &Claimer, h: &dyn Handler, tag: &str, payload: &str, rounds: 
 async fn per_delivery_overhead(args: &Args) -> serde_json::Value {
     let pool = reset_schema().await;
     let rt = PluginRuntime::new().unwrap();
-    let limits = PluginLimits { timeout: Duration::from_secs(5), memory: 64 << 20 };
-    let inventory = rt.load(format!("{}/inventory.wasm", args.plugin_dir).as_ref(), limits).unwrap();
-    let testkit = rt.load(format!("{}/testkit.wasm", args.plugin_dir).as_ref(), limits).unwrap();
-    let c = Claimer::new(pool.clone(), ClaimSettings::new(CONSUMER, Isolation::ReadCommitted));
+    let limits = PluginLimits {
+        timeout: Duration::from_secs(5),
+        memory: 64 << 20,
+    };
+    let inventory = rt
+        .load(
+            format!("{}/inventory.wasm", args.plugin_dir).as_ref(),
+            limits,
+        )
+        .unwrap();
+    let testkit = rt
+        .load(format!("{}/testkit.wasm", args.plugin_dir).as_ref(), limits)
+        .unwrap();
+    let c = Claimer::new(
+        pool.clone(),
+        ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
+    );
     let order = r#"{"id":"x","orderId":"o","sku":"sku-7","quantity":1}"#;
     let rounds = 2000;
     // Warm up the connection and statement caches.
@@ -220,7 +314,11 @@ async fn per_delivery_overhead(args: &Args) -> serde_json::Value {
          wasm {noop_wasm:.0} µs (instantiate+call ≈ {:.0} µs); inventory native {inv_native:.0} µs, wasm {inv_wasm:.0} µs",
         noop_wasm - noop_native
     );
-    println!("inventory component: {} bytes, testkit component: {} bytes", inventory.size(), testkit.size());
+    println!(
+        "inventory component: {} bytes, testkit component: {} bytes",
+        inventory.size(),
+        testkit.size()
+    );
     pool.close().await;
     serde_json::json!({"p50_us": {"noop_native": noop_native, "noop_wasm": noop_wasm, "wasm_overhead": noop_wasm - noop_native,
         "inventory_native": inv_native, "inventory_wasm": inv_wasm}, "component_bytes": inventory.size()})
@@ -241,5 +339,8 @@ async fn main() {
     let _ = js.delete_stream("BENCH").await;
     let _ = js.delete_stream("BENCH_DLQ").await;
     println!("peak RSS {:.0} MiB", peak_rss_mib());
-    println!("{}", serde_json::json!({"runs": runs, "overhead": overhead, "peak_rss_mib": peak_rss_mib()}));
+    println!(
+        "{}",
+        serde_json::json!({"runs": runs, "overhead": overhead, "peak_rss_mib": peak_rss_mib()})
+    );
 }

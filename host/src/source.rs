@@ -30,6 +30,9 @@ pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
 pub const ORIGINAL_SUBJECT_HEADER: &str = "Idemhost-Original-Subject";
 pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
 
+/// How long one pull request waits for messages before the server ends it.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
+
 /// Longest failure reason put in a header.
 const MAX_REASON_BYTES: usize = 1024;
 
@@ -124,23 +127,38 @@ impl ConsumerRuntime {
     /// Pulls and handles deliveries until `shutdown` turns true, then stops pulling and lets
     /// in-flight deliveries finish for up to `drain`; what is still running then is dropped
     /// (rolled back, not acked — the broker redelivers it).
+    ///
+    /// Pulling is explicit: each pull request asks for exactly as many messages as there are
+    /// free credits. A credit stands for a message pulled but not yet settled; there are
+    /// `2 × max_in_flight`, so at most `max_in_flight` deliveries run while as many wait,
+    /// already fetched, for a slot — the client never buffers more than that, and nothing
+    /// waits unstarted long enough to reach its ack deadline.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
-        let permits = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
+        let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
+        let credits = Arc::new(Semaphore::new(self.config.max_in_flight as usize * 2));
         let mut tasks = JoinSet::new();
         let mut backoff = Duration::from_millis(100);
         'pull: while !*shutdown.borrow() {
-            let messages = self
+            let first = tokio::select! {
+                c = credits.clone().acquire_owned() => match c { Ok(c) => c, Err(_) => break 'pull },
+                _ = shutdown.changed() => break 'pull,
+            };
+            let mut held = vec![first];
+            while let Ok(c) = credits.clone().try_acquire_owned() {
+                held.push(c);
+            }
+            while tasks.try_join_next().is_some() {}
+            let batch = self
                 .consumer
-                .stream()
-                .max_messages_per_batch(self.config.max_in_flight as usize)
-                .heartbeat(Duration::from_secs(5))
-                .expires(Duration::from_secs(30))
+                .batch()
+                .max_messages(held.len())
+                .expires(PULL_EXPIRES)
                 .messages()
                 .await;
-            let mut messages = match messages {
-                Ok(m) => m,
+            let mut batch = match batch {
+                Ok(b) => b,
                 Err(e) => {
-                    warn!(consumer = %self.config.name, error = %e, ?backoff, "failed to start pulling");
+                    warn!(consumer = %self.config.name, error = %e, ?backoff, "pull request failed");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = shutdown.changed() => {}
@@ -151,28 +169,31 @@ impl ConsumerRuntime {
             };
             backoff = Duration::from_millis(100);
             loop {
-                // Take a slot first: a message is only pulled when it can start at once.
-                let permit = tokio::select! {
-                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'pull },
-                    _ = shutdown.changed() => break 'pull,
-                };
                 let next = tokio::select! {
-                    n = messages.next() => n,
+                    n = batch.next() => n,
                     _ = shutdown.changed() => break 'pull,
                 };
-                while tasks.try_join_next().is_some() {}
                 match next {
                     Some(Ok(msg)) => {
-                        let this = self.clone();
+                        let Some(credit) = held.pop() else {
+                            // The server never sends more than asked; if it did, the message
+                            // is left unacked and redelivered after ack_wait.
+                            warn!(consumer = %self.config.name, "pull returned more messages than requested");
+                            continue;
+                        };
+                        let (this, slots) = (self.clone(), slots.clone());
                         tasks.spawn(async move {
-                            this.settle(msg).await;
-                            drop(permit);
+                            if let Ok(_slot) = slots.acquire_owned().await {
+                                this.settle(msg).await;
+                            }
+                            drop(credit);
                         });
                     }
                     Some(Err(e)) => {
-                        debug!(consumer = %self.config.name, error = %e, "pull stream error");
+                        debug!(consumer = %self.config.name, error = %e, "pull error");
+                        break;
                     }
-                    None => continue 'pull,
+                    None => break,
                 }
             }
         }
