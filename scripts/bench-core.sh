@@ -26,7 +26,7 @@ for r in report["runs"]:
     c = r["max_in_flight"]
     ratio = r["per_second"] / tps[c] if c in tps else None
     rows.append({**r, "pgbench_tps": tps.get(c), "host_over_pgbench": ratio})
-    print(f"{r['handler']:<7} in_flight={c:<3} {r['per_second']:>7.0} msg/s  pgbench {tps.get(c, 0):>7.0} tps  ratio {ratio:.2f}")
+    print(f"{r['handler']:<7} in_flight={c:<3} {r['per_second']:>7.0f} msg/s  pgbench {tps.get(c, 0):>7.0f} tps  ratio {ratio:.2f}")
 by = {(r["handler"], r["max_in_flight"]): r["per_second"] for r in report["runs"]}
 for c in sorted({r["max_in_flight"] for r in report["runs"]}):
     if ("wasm", c) in by and ("native", c) in by:

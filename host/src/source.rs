@@ -40,6 +40,7 @@ const MAX_REASON_BYTES: usize = 1024;
 pub struct ConsumerRuntime {
     pub config: ConsumerConfig,
     js: jetstream::Context,
+    client: async_nats::Client,
     consumer: Consumer<pull::Config>,
     claimer: Claimer,
     handler: Arc<dyn Handler>,
@@ -117,6 +118,7 @@ pub async fn bind(
     Ok(ConsumerRuntime {
         config: config.clone(),
         js: js.clone(),
+        client: js.client(),
         consumer,
         claimer,
         handler,
@@ -253,7 +255,7 @@ impl ConsumerRuntime {
             match &processed.outcome {
                 Outcome::Applied | Outcome::Duplicate => {
                     failpoint::hit("after_commit_before_ack");
-                    match msg.double_ack().await {
+                    match self.confirmed(&msg, AckKind::Ack).await {
                         Ok(()) => info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done"),
                         // The marker is committed: a redelivery will be a duplicate.
                         Err(e) => warn!(outcome = processed.outcome.label(), error = %e, "ack not confirmed; redelivery will be a duplicate"),
@@ -279,6 +281,23 @@ impl ConsumerRuntime {
         }
         .instrument(span)
         .await
+    }
+
+    /// Sends `kind` and waits for the server's confirmation (JetStream's "double ack"), as a
+    /// request through the client's shared reply inbox: one round trip, no subscription per
+    /// ack. Bounded by `nats.request_timeout`.
+    async fn confirmed(
+        &self,
+        msg: &jetstream::Message,
+        kind: AckKind,
+    ) -> Result<(), async_nats::Error> {
+        let reply = msg
+            .message
+            .reply
+            .clone()
+            .ok_or("not a JetStream message: no reply subject")?;
+        self.client.request(reply, kind.into()).await?;
+        Ok(())
     }
 
     /// Runs `work`, telling JetStream the delivery is in progress every third of `ack_wait` so
@@ -342,7 +361,7 @@ impl ConsumerRuntime {
                 if ack.duplicate {
                     info!(dead_letter_subject = %subject, "already dead-lettered");
                 }
-                if let Err(e) = msg.double_ack_with(AckKind::Term).await {
+                if let Err(e) = self.confirmed(msg, AckKind::Term).await {
                     warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
                 } else {
                     info!(dead_letter_subject = %subject, "dead-lettered");
