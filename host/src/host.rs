@@ -13,7 +13,7 @@ use crate::claim::{ClaimSettings, Claimer};
 use crate::config::Config;
 use crate::handler::Handler;
 use crate::pg;
-use crate::plugin::{PluginLimits, PluginRuntime};
+use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing};
 use crate::source;
 
 /// Start-up choices that are not part of the configuration file.
@@ -76,8 +76,18 @@ impl Host {
             .consumers
             .iter()
             .any(|c| !native.contains_key(&c.name));
+        let sizing = PoolSizing {
+            // Twice the configured concurrency: headroom for instances still being torn down.
+            instances: total_in_flight.saturating_mul(2).max(8),
+            max_memory: config
+                .consumers
+                .iter()
+                .map(|c| c.memory_limit.0 as usize)
+                .max()
+                .unwrap_or(64 << 20),
+        };
         let runtime = if needs_wasm {
-            Some(PluginRuntime::new()?)
+            Some(PluginRuntime::with_pool(sizing)?)
         } else {
             None
         };

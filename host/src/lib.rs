@@ -35,6 +35,6 @@ pub use claim::{CLAIM_SQL, ClaimSettings, Claimer, Outcome, Processed};
 pub use config::{Config, ConsumerConfig, Isolation};
 pub use handler::{HandleFuture, Handler, HandlerError, Message};
 pub use host::Host;
-pub use plugin::{PluginLimits, PluginRuntime, WasmHandler};
+pub use plugin::{PluginLimits, PluginRuntime, PoolSizing, WasmHandler};
 pub use sql_gate::SqlValue;
 pub use txn::{TxError, TxHandle};

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceTable};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, UpdateDeadline};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    UpdateDeadline,
+};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::handler::{HandleFuture, Handler, HandlerError, Message};
@@ -66,11 +69,47 @@ pub struct PluginRuntime {
     ticker_stop: Arc<AtomicBool>,
 }
 
+/// Capacity of the instance pool: slots are reserved once and reused, so a delivery's
+/// instantiation costs no mmap/munmap of memories, tables or async stacks.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSizing {
+    /// Plugin instances alive at once (every in-flight delivery of every consumer holds one).
+    pub instances: u32,
+    /// Largest linear memory one instance may grow to (the largest `memory_limit`).
+    pub max_memory: usize,
+}
+
+impl Default for PoolSizing {
+    fn default() -> Self {
+        PoolSizing {
+            instances: 64,
+            max_memory: 64 << 20,
+        }
+    }
+}
+
 impl PluginRuntime {
+    /// A runtime with the default pool (64 concurrent instances of up to 64 MiB).
     pub fn new() -> anyhow::Result<Self> {
+        Self::with_pool(PoolSizing::default())
+    }
+
+    pub fn with_pool(pool: PoolSizing) -> anyhow::Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        let n = pool.instances.max(1);
+        let mut pooling = PoolingAllocationConfig::default();
+        // A component holds several core instances (its module plus adapter shims), and may
+        // have more than one memory or table.
+        pooling
+            .total_component_instances(n)
+            .total_core_instances(n.saturating_mul(8))
+            .total_memories(n.saturating_mul(2))
+            .total_tables(n.saturating_mul(8))
+            .total_stacks(n)
+            .max_memory_size(pool.max_memory);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
         let engine = Engine::new(&config)
             .map_err(|e| anyhow::anyhow!("failed to create wasm engine: {e:?}"))?;
         let mut linker = Linker::<PluginState>::new(&engine);

@@ -72,7 +72,17 @@ pub async fn bind(
         })?
     };
     let dlq = config.dead_letter_subject();
-    if js.stream_by_subject(dlq.clone()).await.is_err() {
+    if let Ok(dlq_stream) = js.stream_by_subject(dlq.clone()).await {
+        let consumes_own_dead_letters =
+            config.subjects.is_empty() || config.subjects.iter().any(|s| subject_matches(s, &dlq));
+        if dlq_stream == config.stream && consumes_own_dead_letters {
+            anyhow::bail!(
+                "consumer {name}: dead_letter_subject {dlq} is in stream {} and matches the consumer's subjects: \
+                 it would consume its own dead letters (narrow `subjects` or use another subject)",
+                config.stream
+            );
+        }
+    } else {
         if config.create_stream {
             let dlq_stream = format!("IDEMHOST_DLQ_{}", config.durable_name().replace('-', "_"));
             js.get_or_create_stream(stream::Config {
@@ -377,6 +387,20 @@ impl ConsumerRuntime {
     }
 }
 
+/// Whether NATS subject `pattern` (with `*` and `>` wildcards) matches literal `subject`.
+fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut subject_tokens = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, subject_tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (p, Some(s)) if p == s => {}
+            _ => return false,
+        }
+    }
+    subject_tokens.next().is_none()
+}
+
 fn header(headers: &HeaderMap, name: &str) -> Option<String> {
     headers.get(name).map(|v| v.as_str().to_string())
 }
@@ -454,6 +478,16 @@ mod tests {
         assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap().len(), 256);
         h.insert(REPLAY_ID_HEADER, "evt-7");
         assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap(), "evt-7");
+    }
+
+    #[test]
+    fn subjects_match_with_wildcards() {
+        assert!(subject_matches("dlq.inventory", "dlq.inventory"));
+        assert!(subject_matches("dlq.*", "dlq.inventory"));
+        assert!(subject_matches("orders.>", "orders.dlq.x"));
+        assert!(!subject_matches("orders.placed", "orders.dlq"));
+        assert!(!subject_matches("orders.*", "orders.dlq.x"));
+        assert!(!subject_matches("orders.placed.x", "orders.placed"));
     }
 
     #[test]

@@ -325,3 +325,27 @@ async fn native_handler_runs_through_the_same_pipeline() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// A consumer whose subjects would match its own dead-letter subject in the same stream is
+/// refused at start-up instead of consuming its dead letters.
+#[tokio::test]
+async fn consuming_own_dead_letters_is_refused() {
+    let env = TestEnv::new("e2eowndlq").await;
+    let nats = NatsEnv::new("e2eowndlq", Duration::from_secs(60)).await;
+    let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
+    cfg.consumers[0].subjects = vec![format!("{}.>", nats.prefix)];
+    let err = Host::new(cfg)
+        .run(
+            idemhost::host::RunOptions::default(),
+            std::future::pending(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("would consume its own dead letters"),
+        "{err:#}"
+    );
+    nats.cleanup().await;
+    env.cleanup().await;
+}
