@@ -8,9 +8,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use idemhost::{ClaimSettings, Claimer, Isolation, Outcome};
+use idemhost::{ClaimSettings, Claimer, Isolation, Message, Outcome, Processed, WasmHandler};
 
 const CONSUMER: &str = "inventory-reservation-v1";
+
+/// Runs one delivery through the claim pipeline on its own task (and connection).
+fn spawn_delivery(
+    c: &Arc<Claimer>,
+    plugin: &Arc<WasmHandler>,
+    msg: &Message,
+) -> tokio::task::JoinHandle<Processed> {
+    let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
+    tokio::spawn(async move { c.process(p.as_ref(), &m).await })
+}
+
+/// Seeds 10 units of sku-1 and holds its row lock in an open transaction, so a delivery that
+/// claimed its marker pauses at its inventory update until the lock is released.
+async fn paused_inventory(env: &TestEnv) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let mut row_lock = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'sku-1' FOR UPDATE")
+        .execute(&mut *row_lock)
+        .await
+        .unwrap();
+    row_lock
+}
 
 fn claimer(env: &TestEnv, consumer: &str, isolation: Isolation) -> Arc<Claimer> {
     Arc::new(Claimer::new(
@@ -129,26 +151,14 @@ async fn failed_business_update_rolls_back_marker_and_effect() {
 #[tokio::test]
 async fn waiting_claim_is_duplicate_when_winner_commits() {
     let env = TestEnv::new("seed4").await;
-    env.seed_inventory(&[("sku-1", 10)]).await;
+    let row_lock = paused_inventory(&env).await;
     let plugin = load_plugin("inventory", Duration::from_secs(20));
     let c = claimer(&env, CONSUMER, Isolation::ReadCommitted);
     let msg = message("evt-4", &order_payload("evt-4", "sku-1", 3));
 
-    let mut row_lock = env.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'sku-1' FOR UPDATE")
-        .execute(&mut *row_lock)
-        .await
-        .unwrap();
-
-    let first = tokio::spawn({
-        let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
-        async move { c.process(p.as_ref(), &m).await }
-    });
+    let first = spawn_delivery(&c, &plugin, &msg);
     env.wait_for_lock_wait("UPDATE inventory").await; // first claimed, now paused
-    let second = tokio::spawn({
-        let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
-        async move { c.process(p.as_ref(), &m).await }
-    });
+    let second = spawn_delivery(&c, &plugin, &msg);
     env.wait_for_lock_wait("INSERT INTO processed_message")
         .await; // second waits on the marker
 
@@ -172,26 +182,14 @@ async fn waiting_claim_is_duplicate_when_winner_commits() {
 #[tokio::test]
 async fn waiting_claim_applies_when_winner_rolls_back() {
     let env = TestEnv::new("seed5").await;
-    env.seed_inventory(&[("sku-1", 10)]).await;
+    let row_lock = paused_inventory(&env).await;
     let plugin = load_plugin("inventory", Duration::from_secs(20));
     let c = claimer(&env, CONSUMER, Isolation::ReadCommitted);
     let msg = message("evt-5", &order_payload("evt-5", "sku-1", 3));
 
-    let mut row_lock = env.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM inventory WHERE sku = 'sku-1' FOR UPDATE")
-        .execute(&mut *row_lock)
-        .await
-        .unwrap();
-
-    let first = tokio::spawn({
-        let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
-        async move { c.process(p.as_ref(), &m).await }
-    });
+    let first = spawn_delivery(&c, &plugin, &msg);
     let first_pid = env.wait_for_lock_wait("UPDATE inventory").await;
-    let second = tokio::spawn({
-        let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
-        async move { c.process(p.as_ref(), &m).await }
-    });
+    let second = spawn_delivery(&c, &plugin, &msg);
     env.wait_for_lock_wait("INSERT INTO processed_message")
         .await;
 
@@ -335,10 +333,7 @@ async fn concurrent_update_under_repeatable_read_is_retried() {
         .execute(&mut *other)
         .await
         .unwrap();
-    let delivery = tokio::spawn({
-        let (c, p, m) = (c.clone(), plugin.clone(), msg.clone());
-        async move { c.process(p.as_ref(), &m).await }
-    });
+    let delivery = spawn_delivery(&c, &plugin, &msg);
     env.wait_for_lock_wait("UPDATE inventory").await;
     other.commit().await.unwrap();
 
