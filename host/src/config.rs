@@ -19,6 +19,9 @@ pub struct Config {
     /// Process-wide settings.
     #[serde(default)]
     pub host: HostConfig,
+    /// The admin HTTP endpoint.
+    #[serde(default)]
+    pub admin: AdminConfig,
     /// One entry per logical consumer (`[[consumer]]`).
     #[serde(rename = "consumer", default)]
     pub consumers: Vec<ConsumerConfig>,
@@ -66,6 +69,14 @@ pub struct PostgresConfig {
     /// `application_name` of the host's sessions, as `pg_stat_activity` shows it.
     #[serde(default = "default_application_name")]
     pub application_name: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address for `/healthz` and `/readyz` (e.g. `127.0.0.1:9464`); absent: no endpoint.
+    #[serde(default)]
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -318,6 +329,14 @@ impl Config {
         if self.postgres.max_connections == 0 {
             return bad("postgres.max_connections".into(), "must be at least 1");
         }
+        if let Some(listen) = &self.admin.listen {
+            if listen.parse::<std::net::SocketAddr>().is_err() {
+                return bad(
+                    "admin.listen".into(),
+                    "must be an address like 127.0.0.1:9464",
+                );
+            }
+        }
         if let Some(f) = &self.host.log_format {
             if f != "text" && f != "json" {
                 return bad("host.log_format".into(), "must be \"text\" or \"json\"");
@@ -517,6 +536,8 @@ mod tests {
     const SAMPLE: &str = r#"
         [nats]
         url = "nats://127.0.0.1:4222"
+        [admin]
+        listen = "127.0.0.1:9464"
         [postgres]
         url = "postgres://root@127.0.0.1:5432/test"
         [[consumer]]

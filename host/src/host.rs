@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 use tracing::info;
 
+use crate::admin::{self, Readiness};
 use crate::claim::{ClaimSettings, Claimer};
 use crate::config::Config;
 use crate::handler::Handler;
@@ -67,6 +68,11 @@ impl Host {
                 "more deliveries in flight than pooled connections; some will wait for a connection"
             );
         }
+        let readiness = Readiness::default();
+        let _admin = match &config.admin.listen {
+            Some(listen) => Some(admin::serve(listen, readiness.clone()).await?),
+            None => None,
+        };
         let pool = pg::connect(&config.postgres, config.postgres.max_connections).await?;
         if options.migrate {
             pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
@@ -139,7 +145,9 @@ impl Host {
             running.spawn(rt.run(stop_rx.clone(), drain));
         }
         info!(consumers = config.consumers.len(), nats = %nats_url, "idemhost running");
+        readiness.set(true);
         shutdown.await;
+        readiness.set(false);
         info!("shutdown requested; finishing in-flight deliveries");
         let _ = stop_tx.send(true);
         while running.join_next().await.is_some() {}

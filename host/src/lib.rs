@@ -12,12 +12,14 @@
 //! - [`handler`]: the [`Handler`] trait shared by plugins and native Rust handlers.
 //! - [`pg`]: the pool, migrations, and the one classification of database errors.
 //! - [`host`]: wiring it all together and running until shutdown.
+//! - [`admin`]: `/healthz` and `/readyz` for orchestrators.
 //! - [`cli`]: the `idemhost` command line.
 //! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
 //! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
 
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod admin;
 pub mod baseline;
 pub mod claim;
 pub mod cli;

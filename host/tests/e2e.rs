@@ -307,8 +307,31 @@ async fn native_handler_runs_through_the_same_pipeline() {
     let nats = NatsEnv::new("e2enative", Duration::from_millis(100)).await;
     let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
     cfg.consumers[0].plugin = None;
+    let admin = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().to_string()
+    };
+    cfg.admin.listen = Some(admin.clone());
     let host = RunningHost::start(
         Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),
+    );
+    wait_until(Duration::from_secs(20), "/readyz to answer 200", || async {
+        http_get(&admin, "/readyz")
+            .await
+            .filter(|r| r.starts_with("HTTP/1.1 200"))
+    })
+    .await;
+    assert!(
+        http_get(&admin, "/healthz")
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 200")
+    );
+    assert!(
+        http_get(&admin, "/nope")
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 404")
     );
     nats.publish(Some("evt-1"), &order_payload("evt-1", "sku-1", 2))
         .await;
@@ -322,6 +345,10 @@ async fn native_handler_runs_through_the_same_pipeline() {
     assert_eq!(env.reserved("sku-1").await, 2);
     assert_eq!(nats.dead_letters().await.len(), 1);
     host.stop().await;
+    assert!(
+        http_get(&admin, "/healthz").await.is_none(),
+        "the endpoint stops with the host"
+    );
     nats.cleanup().await;
     env.cleanup().await;
 }
@@ -348,4 +375,16 @@ async fn consuming_own_dead_letters_is_refused() {
     );
     nats.cleanup().await;
     env.cleanup().await;
+}
+
+/// One GET against the admin endpoint; `None` if nothing answers.
+async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    Some(out)
 }
