@@ -152,7 +152,7 @@ impl PluginRuntime {
         limits: PluginLimits,
     ) -> Result<WasmHandler, PluginError> {
         let path = origin.to_path_buf();
-        let digest = format!("sha256:{:x}", Sha256::digest(bytes));
+        let digest: Arc<str> = format!("sha256:{:x}", Sha256::digest(bytes)).into();
         let component =
             Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
                 path: path.clone(),
@@ -309,7 +309,7 @@ struct LogSink {
 pub struct WasmHandler {
     engine: Engine,
     pre: bindings::HandlerPre<PluginState>,
-    digest: String,
+    digest: Arc<str>,
     limits: PluginLimits,
     size: usize,
 }
@@ -336,7 +336,7 @@ impl WasmHandler {
                 exceeded: false,
             },
             log: LogSink {
-                digest: Arc::from(self.digest.as_str()),
+                digest: self.digest.clone(),
                 lines: 0,
                 dropped: 0,
             },
