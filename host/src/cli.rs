@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, LogFormat};
 use crate::host::{Host, RunOptions};
 use crate::pg;
 
@@ -22,12 +22,6 @@ pub struct Cli {
     pub log_format: Option<LogFormat>,
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,7 +73,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config, no_migrate } => {
             let config = Config::load(&config)?;
-            init_tracing(cli.log_format.or(config_log_format(&config)));
+            init_tracing(cli.log_format.or(config.host.log_format));
             Host::new(config)
                 .run(
                     RunOptions {
@@ -91,7 +85,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Migrate { config } => {
             let config = Config::load(&config)?;
-            init_tracing(cli.log_format.or(config_log_format(&config)));
+            init_tracing(cli.log_format.or(config.host.log_format));
             let pool = pg::connect(&config.postgres, 1).await?;
             pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
             println!(
@@ -143,14 +137,6 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-    }
-}
-
-fn config_log_format(config: &Config) -> Option<LogFormat> {
-    match config.host.log_format.as_deref() {
-        Some("json") => Some(LogFormat::Json),
-        Some("text") => Some(LogFormat::Text),
-        _ => None,
     }
 }
 

@@ -88,7 +88,15 @@ pub struct HostConfig {
     pub shutdown_timeout: Dur,
     /// `text` or `json` log lines (also `--log-format`, `IDEMHOST_LOG_FORMAT`).
     #[serde(default)]
-    pub log_format: Option<String>,
+    pub log_format: Option<LogFormat>,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 impl Default for HostConfig {
@@ -335,11 +343,6 @@ impl Config {
                     "admin.listen".into(),
                     "must be an address like 127.0.0.1:9464",
                 );
-            }
-        }
-        if let Some(f) = &self.host.log_format {
-            if f != "text" && f != "json" {
-                return bad("host.log_format".into(), "must be \"text\" or \"json\"");
             }
         }
         let mut names = HashSet::new();
@@ -621,6 +624,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("surprise"), "{err}");
+        let err = parse(
+            &SAMPLE.replace("[postgres]", "[host]\nlog_format = \"xml\"\n[postgres]"),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("log_format") && err.contains("unknown variant `xml`"),
+            "{err}"
+        );
         let err = parse(SAMPLE, &[("IDEMHOST_CONSUMER__3__NAME", "x")])
             .unwrap_err()
             .to_string();
