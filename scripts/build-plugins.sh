@@ -1,10 +1,161 @@
 #!/usr/bin/env bash
-# Builds every guest plugin for wasm32-wasip2 (installing the target if needed) and prints
-# where the components are. Used by the demo, the tests and CI.
+# Builds every guest plugin — Rust, Python, JavaScript and C — into plugins/dist/<name>.wasm,
+# installing each language's toolchain idempotently at the versions pinned in plugins/toolchain/
+# (requirements.txt with hashes, package-lock.json, apt-packages.txt; Rust crates by
+# plugins/Cargo.lock). Used by the demo, the tests and CI.
+#
+#   scripts/build-plugins.sh             # every language
+#   scripts/build-plugins.sh rust c      # some of them (rust, py, js, c)
+#
+# A component is rebuilt only when its inputs (sources, the WIT, the pinned toolchain) changed;
+# each build's time and size is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
-cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
-for w in plugins/target/wasm32-wasip2/release/*.wasm; do
-  printf '%s %s bytes\n' "$w" "$(stat -c %s "$w")"
+ROOT=$PWD
+DIST=$ROOT/plugins/dist
+TOOLS=$ROOT/.cache/toolchain
+mkdir -p "$DIST" "$TOOLS"
+LANGS=${*:-rust py js c}
+want() { [[ " $LANGS " == *" $1 "* ]]; }
+
+say() { printf '== %s\n' "$*"; }
+# Runs a build step and prints its wall time.
+timed() {
+  local what=$1 start=$SECONDS
+  shift
+  "$@" >/dev/null
+  printf '   %-16s built in %ss\n' "$what" $((SECONDS - start))
+}
+# Whether dist/<name>.wasm is older than the digest of its input files (a stamp beside it).
+stale() {
+  local name=$1
+  shift
+  local digest
+  digest=$(cat "$@" | sha256sum | cut -d' ' -f1)
+  [ -f "$DIST/$name.wasm" ] && [ "$(cat "$DIST/$name.inputs" 2>/dev/null)" = "$digest" ] && return 1
+  echo "$digest" >"$DIST/.$name.pending"
+}
+stamp() { mv "$DIST/.$1.pending" "$DIST/$1.inputs"; }
+WIT=("$ROOT"/wit/*.wit)
+
+# -- Rust (wasm32-wasip2) -----------------------------------------------------------------------
+if want rust; then
+  say "rust: inventory, testkit, template-rust"
+  rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+  cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
+  out=plugins/target/wasm32-wasip2/release
+  cp "$out/inventory.wasm" "$DIST/inventory.wasm"
+  cp "$out/testkit.wasm" "$DIST/testkit.wasm"
+  cp "$out/template_rust.wasm" "$DIST/template-rust.wasm"
+fi
+
+# -- Python (componentize-py, from PyPI) --------------------------------------------------------
+PY=$TOOLS/py
+ensure_python_tools() {
+  local req=plugins/toolchain/requirements.txt
+  if [ "$(cat "$PY/.requirements.sha256" 2>/dev/null)" != "$(sha256sum <"$req")" ]; then
+    say "installing the Python toolchain ($req)"
+    rm -rf "$PY"
+    python3 -m venv "$PY"
+    "$PY/bin/pip" install --quiet --disable-pip-version-check --require-hashes -r "$req"
+    sha256sum <"$req" >"$PY/.requirements.sha256"
+  fi
+}
+componentize_py() { # name app-dir
+  local name=$1 dir=$2
+  stale "$name" "$dir"/*.py "${WIT[@]}" plugins/toolchain/requirements.txt || return 0
+  # --stub-wasi: the component imports no WASI at all (no filesystem, sockets, clocks).
+  timed "$name" "$PY/bin/componentize-py" -d wit -w handler componentize --stub-wasi \
+    -p "$dir" app -o "$DIST/$name.wasm"
+  stamp "$name"
+}
+if want py; then
+  say "python: inventory-py, template-py"
+  ensure_python_tools
+  componentize_py inventory-py plugins/inventory-py
+  componentize_py template-py plugins/templates/python
+fi
+
+# -- JavaScript (componentize-js, from npm) -----------------------------------------------------
+NODE_TOOLS=plugins/toolchain
+ensure_js_tools() {
+  local lock=$NODE_TOOLS/package-lock.json
+  if [ "$(cat "$NODE_TOOLS/node_modules/.lock.sha256" 2>/dev/null)" != "$(sha256sum <"$lock")" ]; then
+    say "installing the JavaScript toolchain ($lock)"
+    (cd "$NODE_TOOLS" && npm ci --silent --no-audit --no-fund)
+    sha256sum <"$lock" >"$NODE_TOOLS/node_modules/.lock.sha256"
+  fi
+}
+componentize_js() { # name entry.js
+  local name=$1 entry=$2
+  stale "$name" "$(dirname "$entry")"/*.js "${WIT[@]}" "$NODE_TOOLS/package-lock.json" || return 0
+  # -d ...: leave out every WASI feature of the engine (stdio, random, clocks, http), so the
+  # component imports only the idemhost world.
+  timed "$name" "$NODE_TOOLS/node_modules/.bin/componentize-js" "$entry" --wit wit \
+    --world-name handler -d stdio random clocks http fetch-event -o "$DIST/$name.wasm"
+  stamp "$name"
+}
+if want js; then
+  say "javascript: inventory-js, template-js"
+  ensure_js_tools
+  componentize_js inventory-js plugins/inventory-js/inventory.js
+  componentize_js template-js plugins/templates/js/template.js
+fi
+
+# -- C (clang for wasm32-wasi + wit-bindgen's C bindings + wasm-tools component new) -------------
+BIND=plugins/c-bindings
+ensure_c_tools() {
+  local missing=()
+  for p in $(cat plugins/toolchain/apt-packages.txt); do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing the C toolchain: ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" = 0 ] || sudo=(sudo)
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
+      || { "${sudo[@]}" apt-get update -q >/dev/null &&
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
+  fi
+  ensure_python_tools # wasm-tools comes with the Python toolchain
+  # The bindings are committed (wit-bindgen-cli takes ~7 minutes to build here); they must be
+  # the ones for this WIT. With wit-bindgen on the PATH, they are regenerated when it changed.
+  local wit_sum
+  wit_sum=$(cat "${WIT[@]}" | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$BIND/WIT.sha256")" != "$wit_sum" ]; then
+    if command -v wit-bindgen >/dev/null; then
+      wit-bindgen c wit --world handler --out-dir "$BIND" >/dev/null
+      echo "$wit_sum" >"$BIND/WIT.sha256"
+    else
+      echo "build-plugins: $BIND is stale for wit/: install wit-bindgen-cli 0.61.1" \
+        "(cargo install wit-bindgen-cli@0.61.1 --locked --no-default-features --features c)" >&2
+      exit 1
+    fi
+  fi
+}
+build_c() { # name source...
+  local name=$1
+  shift
+  stale "$name" "$@" plugins/c-common/* "$BIND"/* plugins/toolchain/apt-packages.txt || return 0
+  local core
+  core=$(mktemp -t "$name.XXXXXX.core.wasm")
+  timed "$name" bash -c '
+    clang-14 --target=wasm32-wasi --sysroot=/usr -mexec-model=reactor -fuse-ld=/usr/bin/wasm-ld-14 \
+      -O2 -Wall -Wextra -Werror -Wl,--strip-all -I"$1" -Iplugins/c-common \
+      "${@:4}" plugins/c-common/json_fields.c "$1/handler.c" "$1/handler_component_type.o" -o "$2"
+    # The core module imports no WASI preview 1, so no adapter is needed.
+    "$3" component new "$2" -o "$0"
+  ' "$DIST/$name.wasm" "$BIND" "$core" "$PY/bin/wasm-tools" "$@"
+  rm -f "$core"
+  stamp "$name"
+}
+if want c; then
+  say "c: inventory-c, template-c"
+  ensure_c_tools
+  build_c inventory-c plugins/inventory-c/inventory.c
+  build_c template-c plugins/templates/c/template.c
+fi
+
+for w in "$DIST"/*.wasm; do
+  printf '%-28s %10s bytes\n' "${w#"$ROOT"/}" "$(stat -c %s "$w")"
 done
