@@ -39,11 +39,7 @@ fn args() -> Args {
         n: 20_000,
         in_flight: vec![1, 16],
         handlers: vec!["wasm".into(), "native".into()],
-        plugin_dir: concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../plugins/target/wasm32-wasip2/release"
-        )
-        .into(),
+        plugin_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/dist").into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {

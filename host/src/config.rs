@@ -89,6 +89,26 @@ pub struct HostConfig {
     /// `text` or `json` log lines (also `--log-format`, `IDEMHOST_LOG_FORMAT`).
     #[serde(default)]
     pub log_format: Option<LogFormat>,
+    /// Directory for compiled plugins, keyed by component digest, so a restart skips
+    /// compilation (seconds for a Python or JavaScript component). `"off"` disables it.
+    /// Default: `$XDG_CACHE_HOME/idemhost/components` or `~/.cache/idemhost/components`; when
+    /// that cannot be created (a read-only root filesystem) plugins are compiled in memory.
+    #[serde(default)]
+    pub compile_cache: Option<PathBuf>,
+}
+
+/// The `host.compile_cache` value that disables the compile cache.
+pub const COMPILE_CACHE_OFF: &str = "off";
+
+impl HostConfig {
+    /// The compile cache directory this configuration asks for, if any.
+    pub fn compile_cache_dir(&self) -> Option<PathBuf> {
+        match &self.compile_cache {
+            Some(p) if p == Path::new(COMPILE_CACHE_OFF) => None,
+            Some(p) => Some(p.clone()),
+            None => crate::plugin::default_compile_cache_dir(),
+        }
+    }
 }
 
 /// Log line format.
@@ -104,6 +124,7 @@ impl Default for HostConfig {
         HostConfig {
             shutdown_timeout: d_30s(),
             log_format: None,
+            compile_cache: None,
         }
     }
 }
@@ -294,6 +315,11 @@ impl Config {
                 if p.is_relative() {
                     c.plugin = Some(base.join(p));
                 }
+            }
+        }
+        if let Some(p) = &config.host.compile_cache {
+            if p.is_relative() && p != Path::new(COMPILE_CACHE_OFF) {
+                config.host.compile_cache = Some(base.join(p));
             }
         }
         config.validate()?;

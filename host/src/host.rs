@@ -93,7 +93,14 @@ impl Host {
                 .unwrap_or(64 << 20),
         };
         let runtime = if needs_wasm {
-            Some(PluginRuntime::with_pool(sizing)?)
+            let mut rt = PluginRuntime::with_pool(sizing)?;
+            if let Some(dir) = config.host.compile_cache_dir() {
+                // An unusable cache only costs compile time: warn and compile in memory.
+                if let Err(reason) = rt.set_compile_cache(Some(&dir)) {
+                    tracing::warn!(%reason, "compile cache disabled");
+                }
+            }
+            Some(rt)
         } else {
             None
         };
@@ -109,7 +116,10 @@ impl Host {
                     let h = rt
                         .load(path, limits)
                         .with_context(|| format!("consumer {}", c.name))?;
-                    info!(consumer = %c.name, plugin = %path.display(), digest = h.digest(), bytes = h.size(), "plugin loaded");
+                    let load = h.load_info();
+                    info!(consumer = %c.name, plugin = %path.display(), digest = h.digest(), bytes = load.size,
+                        compile_ms = load.compile_time.as_millis() as u64, from_cache = load.from_cache,
+                        wasi = %load.wasi_imports.join(","), "plugin loaded");
                     Arc::new(h)
                 }
                 _ => anyhow::bail!(

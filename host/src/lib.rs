@@ -8,7 +8,8 @@
 //! - [`claim`]: the delivery's transaction — claim, handler, commit — and its [`Outcome`].
 //! - [`txn`]: the transaction handle lent to a handler for the duration of one call.
 //! - [`sql_gate`]: what handler SQL may do; parameter binding and value conversion.
-//! - [`plugin`]: WASM components — loading, validation, sandboxed per-delivery instances.
+//! - [`plugin`]: WASM components — loading, validation, the compile cache, sandboxed
+//!   per-delivery instances.
 //! - [`handler`]: the [`Handler`] trait shared by plugins and native Rust handlers.
 //! - [`pg`]: the pool, migrations, and the one classification of database errors.
 //! - [`host`]: wiring it all together and running until shutdown.
@@ -16,6 +17,7 @@
 //! - [`cli`]: the `idemhost` command line.
 //! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
 //! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
+//! - [`histogram`]: lock-free latency histograms (plugin instantiate and handle times).
 
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,6 +28,7 @@ pub mod cli;
 pub mod config;
 pub mod failpoint;
 pub mod handler;
+pub mod histogram;
 pub mod host;
 pub mod pg;
 pub mod plugin;
@@ -37,6 +40,6 @@ pub use claim::{CLAIM_SQL, ClaimSettings, Claimer, Outcome, Processed};
 pub use config::{Config, ConsumerConfig, Isolation};
 pub use handler::{HandleFuture, Handler, HandlerError, Message};
 pub use host::Host;
-pub use plugin::{PluginLimits, PluginRuntime, PoolSizing, WasmHandler};
+pub use plugin::{LoadInfo, PluginLimits, PluginRuntime, PluginTimings, PoolSizing, WasmHandler};
 pub use sql_gate::SqlValue;
 pub use txn::{TxError, TxHandle};

@@ -1,6 +1,13 @@
 //! WASM plugins: the engine, loading and validating a component against the `handler` world,
 //! and running one sandboxed instance per delivery with a deadline and a memory cap. What a
 //! plugin may touch is exactly its [`PluginState`]: the lent transaction, its limits, a log sink.
+//! Submodules: [`world`] (what a component may import and must export) and `cache` (compiled
+//! components on disk, keyed by digest).
+
+mod cache;
+pub mod world;
+
+pub use cache::default_dir as default_compile_cache_dir;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +23,7 @@ use wasmtime::{
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::handler::{HandleFuture, Handler, HandlerError, Message};
+use crate::histogram::Histogram;
 use crate::sql_gate::SqlValue;
 use crate::txn::{TxError, TxHandle};
 
@@ -60,6 +68,8 @@ pub enum PluginError {
     Compile { path: PathBuf, reason: String },
     #[error("plugin {path} does not fit the idemhost:consumer/handler world: {reason}")]
     World { path: PathBuf, reason: String },
+    #[error("plugin {path} cannot be instantiated: {reason}")]
+    Instantiate { path: PathBuf, reason: String },
 }
 
 /// The engine and linker shared by every plugin of the process.
@@ -67,6 +77,7 @@ pub struct PluginRuntime {
     engine: Engine,
     linker: Arc<Linker<PluginState>>,
     ticker_stop: Arc<AtomicBool>,
+    cache: Option<cache::CompileCache>,
 }
 
 /// Capacity of the instance pool: slots are reserved once and reused, so a delivery's
@@ -132,7 +143,23 @@ impl PluginRuntime {
             engine,
             linker: Arc::new(linker),
             ticker_stop,
+            cache: None,
         })
+    }
+
+    /// Keeps compiled components in `dir` (created 0700; refused when others could write to
+    /// it), so later loads of the same bytes skip compilation. `None` compiles every time.
+    pub fn set_compile_cache(&mut self, dir: Option<&Path>) -> Result<(), String> {
+        self.cache = match dir {
+            Some(dir) => Some(cache::CompileCache::open(dir, &self.engine)?),
+            None => None,
+        };
+        Ok(())
+    }
+
+    /// The compile cache directory in use, if any.
+    pub fn compile_cache_dir(&self) -> Option<&Path> {
+        self.cache.as_ref().map(|c| c.dir())
     }
 
     /// Compiles and validates a component file.
@@ -144,7 +171,10 @@ impl PluginRuntime {
         self.load_bytes(&bytes, path, limits)
     }
 
-    /// Compiles and validates component bytes (`origin` names them in errors).
+    /// Compiles (or takes from the compile cache) and validates component bytes: the world's
+    /// imports and exports, then one trial instantiation under the consumer's limits, so a
+    /// component that traps or outgrows its memory at start-up is refused now, not at every
+    /// delivery. `origin` names the bytes in errors.
     pub fn load_bytes(
         &self,
         bytes: &[u8],
@@ -152,30 +182,59 @@ impl PluginRuntime {
         limits: PluginLimits,
     ) -> Result<WasmHandler, PluginError> {
         let path = origin.to_path_buf();
-        let digest: Arc<str> = format!("sha256:{:x}", Sha256::digest(bytes)).into();
-        let component =
-            Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
-                path: path.clone(),
-                reason: format!("{e:#}"),
-            })?;
-        let instance_pre =
-            self.linker
-                .instantiate_pre(&component)
-                .map_err(|e| PluginError::World {
-                    path: path.clone(),
-                    reason: format!("{e:#}"),
-                })?;
-        let pre = bindings::HandlerPre::new(instance_pre).map_err(|e| PluginError::World {
+        let world_err = |reason: String| PluginError::World {
             path: path.clone(),
-            reason: format!("{e:#}"),
-        })?;
-        Ok(WasmHandler {
+            reason,
+        };
+        let digest_hex = format!("{:x}", Sha256::digest(bytes));
+        let started = Instant::now();
+        let cached = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.load(&self.engine, &digest_hex));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => {
+                let component = Component::from_binary(&self.engine, bytes).map_err(|e| {
+                    PluginError::Compile {
+                        path: path.clone(),
+                        reason: format!("{e:#}"),
+                    }
+                })?;
+                if let Some(cache) = &self.cache {
+                    if let Err(reason) = cache.store(&digest_hex, &component) {
+                        tracing::warn!(%reason, "failed to cache compiled plugin");
+                    }
+                }
+                component
+            }
+        };
+        let compile_time = started.elapsed();
+        let wasi_imports = world::check(&component, &self.engine).map_err(world_err)?;
+        let instance_pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| world_err(format!("{e:#}")))?;
+        let pre =
+            bindings::HandlerPre::new(instance_pre).map_err(|e| world_err(format!("{e:#}")))?;
+        let handler = WasmHandler {
             engine: self.engine.clone(),
             pre,
-            digest,
+            digest: format!("sha256:{digest_hex}").into(),
             limits,
-            size: bytes.len(),
-        })
+            info: LoadInfo {
+                size: bytes.len(),
+                compile_time,
+                from_cache,
+                wasi_imports,
+            },
+            timings: Arc::new(PluginTimings::default()),
+        };
+        handler
+            .trial_instantiation()
+            .map_err(|reason| PluginError::Instantiate { path, reason })?;
+        Ok(handler)
     }
 }
 
@@ -305,13 +364,36 @@ struct LogSink {
     dropped: u32,
 }
 
+/// What loading a plugin found and cost.
+#[derive(Debug, Clone)]
+pub struct LoadInfo {
+    /// Component size in bytes.
+    pub size: usize,
+    /// Time to compile, or to deserialize from the compile cache.
+    pub compile_time: Duration,
+    /// Whether the compiled code came from the compile cache.
+    pub from_cache: bool,
+    /// The WASI interfaces the component imports (all harmless; see [`world::GRANTED`]).
+    pub wasi_imports: Vec<String>,
+}
+
+/// Where a plugin's deliveries spend their time, recorded by every call.
+#[derive(Default)]
+pub struct PluginTimings {
+    /// Creating the store and instantiating the component.
+    pub instantiate: Histogram,
+    /// The `handle` call itself, including the SQL it runs.
+    pub handle: Histogram,
+}
+
 /// A loaded, validated plugin. Cheap to share: every delivery instantiates it afresh.
 pub struct WasmHandler {
     engine: Engine,
     pre: bindings::HandlerPre<PluginState>,
     digest: Arc<str>,
     limits: PluginLimits,
-    size: usize,
+    info: LoadInfo,
+    timings: Arc<PluginTimings>,
 }
 
 impl WasmHandler {
@@ -322,10 +404,21 @@ impl WasmHandler {
 
     /// Component size in bytes.
     pub fn size(&self) -> usize {
-        self.size
+        self.info.size
     }
 
-    async fn call(&self, tx: &TxHandle, msg: &Message) -> Result<(), HandlerError> {
+    pub fn load_info(&self) -> &LoadInfo {
+        &self.info
+    }
+
+    pub fn timings(&self) -> &PluginTimings {
+        &self.timings
+    }
+
+    /// A store for one instance: fresh state, the consumer's memory budget, and a deadline
+    /// checked every epoch tick (yielding in between, so a busy plugin cannot starve other
+    /// deliveries of its worker thread).
+    fn new_store(&self) -> Store<PluginState> {
         let deadline = Instant::now() + self.limits.timeout;
         let state = PluginState {
             table: ResourceTable::new(),
@@ -344,8 +437,6 @@ impl WasmHandler {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        // Check the deadline every tick, yielding to the runtime in between so a busy plugin
-        // cannot starve other deliveries of this worker thread.
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |mut ctx| {
             if Instant::now() >= deadline {
@@ -354,6 +445,41 @@ impl WasmHandler {
             }
             Ok(UpdateDeadline::Yield(1))
         });
+        store
+    }
+
+    /// Instantiates once at load without calling anything: start functions run, initial
+    /// memories are charged against the budget, and the pool's limits apply.
+    fn trial_instantiation(&self) -> Result<(), String> {
+        let mut store = self.new_store();
+        // Instantiation can reach no database call (there is no transaction to call it on),
+        // so a plain executor drives it, even on a runtime thread.
+        let result = futures::executor::block_on(self.pre.instantiate_async(&mut store));
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.describe_trap(&store, &e)),
+        }
+    }
+
+    fn describe_trap(&self, store: &Store<PluginState>, trap: &wasmtime::Error) -> String {
+        let state = store.data();
+        if state.timed_out {
+            format!(
+                "plugin interrupted: handler_timeout of {:?} exceeded",
+                self.limits.timeout
+            )
+        } else if state.limiter.exceeded {
+            format!(
+                "plugin trapped: memory_limit of {} bytes exceeded",
+                self.limits.memory
+            )
+        } else {
+            format!("plugin trapped: {}", first_line(trap))
+        }
+    }
+
+    async fn call(&self, tx: &TxHandle, msg: &Message) -> Result<(), HandlerError> {
+        let mut store = self.new_store();
         let result = self.instantiate_and_handle(&mut store, tx, msg).await;
         let state = store.data();
         if state.log.dropped > 0 {
@@ -363,18 +489,7 @@ impl WasmHandler {
             Ok(Ok(())) => Ok(()),
             Ok(Err(wit::HandlerError::Retryable(r))) => Err(HandlerError::Retryable(r)),
             Ok(Err(wit::HandlerError::Terminal(r))) => Err(HandlerError::Terminal(r)),
-            Err(_) if state.timed_out => Err(HandlerError::Retryable(format!(
-                "plugin interrupted: handler_timeout of {:?} exceeded",
-                self.limits.timeout
-            ))),
-            Err(_) if state.limiter.exceeded => Err(HandlerError::Retryable(format!(
-                "plugin trapped: memory_limit of {} bytes exceeded",
-                self.limits.memory
-            ))),
-            Err(trap) => Err(HandlerError::Retryable(format!(
-                "plugin trapped: {}",
-                first_line(&trap)
-            ))),
+            Err(trap) => Err(HandlerError::Retryable(self.describe_trap(&store, &trap))),
         }
         // The store — instance, memories, the lent handle — is dropped here, whatever happened.
     }
@@ -385,7 +500,10 @@ impl WasmHandler {
         tx: &TxHandle,
         msg: &Message,
     ) -> wasmtime::Result<Result<(), wit::HandlerError>> {
+        let started = Instant::now();
         let instance = self.pre.instantiate_async(&mut *store).await?;
+        let instantiated = Instant::now();
+        self.timings.instantiate.record(instantiated - started);
         let handle: Resource<TxHandle> = store.data_mut().table.push(tx.clone())?;
         let wit_msg = wit::Message {
             id: msg.id.clone(),
@@ -400,6 +518,7 @@ impl WasmHandler {
             .idemhost_consumer_handling()
             .call_handle(&mut *store, rep, &wit_msg)
             .await;
+        self.timings.handle.record(instantiated.elapsed());
         store.data_mut().table.delete(handle)?;
         result
     }

@@ -184,7 +184,7 @@ where
 /// Path of a built guest plugin (`scripts/build-plugins.sh` builds them).
 pub fn plugin_path(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../plugins/target/wasm32-wasip2/release")
+        .join("../plugins/dist")
         .join(format!("{name}.wasm"));
     assert!(
         p.exists(),

@@ -1,0 +1,145 @@
+//! Compiled plugins on disk, keyed by the component's digest and the engine's compatibility
+//! hash: a restart or a second replica deserializes an artifact (milliseconds) instead of
+//! compiling the component again (seconds for an interpreter-sized one).
+
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// First bytes of every artifact file, then the SHA-256 of the body, then the body.
+const MAGIC: &[u8; 16] = b"idemhost-cwasm1\n";
+
+/// A directory of compiled components that only this user can write.
+#[derive(Debug, Clone)]
+pub(crate) struct CompileCache {
+    dir: PathBuf,
+    /// Changes with the wasmtime version and every engine setting that affects code.
+    engine_key: String,
+}
+
+impl CompileCache {
+    /// Opens (creating with mode 0700) `dir`. Refused when another user owns it or others may
+    /// write to it: deserializing compiled code trusts the files, so nobody else may plant one.
+    pub(crate) fn open(dir: &Path, engine: &Engine) -> Result<CompileCache, String> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let meta =
+            std::fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me {
+            return Err(format!(
+                "{} belongs to uid {}, not to this process (uid {me})",
+                dir.display(),
+                meta.uid()
+            ));
+        }
+        if meta.permissions().mode() & 0o022 != 0 {
+            return Err(format!(
+                "{} is writable by other users (mode {:o})",
+                dir.display(),
+                meta.permissions().mode() & 0o777
+            ));
+        }
+        let mut hasher = std::hash::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        Ok(CompileCache {
+            dir: dir.to_path_buf(),
+            engine_key: format!("{:016x}", hasher.finish()),
+        })
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, digest_hex: &str) -> PathBuf {
+        self.dir
+            .join(format!("{digest_hex}-{}.cwasm", self.engine_key))
+    }
+
+    /// The compiled component for `digest_hex`, when a sound artifact is cached. A corrupt or
+    /// incompatible one is removed (and compiled again by the caller).
+    pub(crate) fn load(&self, engine: &Engine, digest_hex: &str) -> Option<Component> {
+        let path = self.path(digest_hex);
+        let bytes = std::fs::read(&path).ok()?;
+        let body = match verified_body(&bytes) {
+            Some(body) => body,
+            None => {
+                tracing::warn!(path = %path.display(), "compiled plugin failed its checksum; compiling again");
+                let _ = std::fs::remove_file(&path);
+                return None;
+            }
+        };
+        // SAFETY: `deserialize` trusts its input to be wasmtime's own output. This body was
+        // serialized by this host (the directory is writable by this user only, checked in
+        // `open`), its checksum matches, its name binds it to the component's digest, and
+        // wasmtime itself refuses an artifact of another version or engine configuration.
+        match unsafe { Component::deserialize(engine, body) } {
+            Ok(component) => Some(component),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cached compiled plugin refused; compiling again");
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Writes the compiled component atomically (temporary file, fsync, rename); a failure
+    /// only costs the next start a compilation, so it is returned for a warning.
+    pub(crate) fn store(&self, digest_hex: &str, component: &Component) -> Result<(), String> {
+        let body = component
+            .serialize()
+            .map_err(|e| format!("cannot serialize: {e}"))?;
+        let path = self.path(digest_hex);
+        let tmp = self
+            .dir
+            .join(format!(".{digest_hex}.{}.tmp", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(MAGIC)?;
+            f.write_all(&Sha256::digest(&body))?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("cannot write {}: {e}", path.display())
+        })
+    }
+}
+
+fn verified_body(bytes: &[u8]) -> Option<&[u8]> {
+    let rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    if rest.len() < 32 {
+        return None;
+    }
+    let (sum, body) = rest.split_at(32);
+    (Sha256::digest(body)[..] == *sum).then_some(body)
+}
+
+/// `$XDG_CACHE_HOME/idemhost/components`, else `$HOME/.cache/idemhost/components`.
+pub fn default_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("idemhost").join("components"))
+}
