@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# The order-flow demo, end to end against the local PostgreSQL and NATS: builds the inventory
-# plugin and the host, migrates, seeds stock, runs the host, publishes a few OrderPlaced events
+# The order-flow demo, end to end against the local PostgreSQL and NATS: builds the plugins
+# and the host, migrates, seeds stock, runs the host, publishes a few OrderPlaced events
 # (including a duplicate delivery and one that cannot be served), prints each outcome and the
 # resulting inventory, then stops the host with SIGTERM.
+#
+#   scripts/demo.sh            # the Rust inventory plugin
+#   scripts/demo.sh py         # the same handler in Python (or js, c): only the config differs
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case ${1:-rust} in
+  rust) PLUGIN=inventory ;;
+  py | js | c) PLUGIN=inventory-$1 ;;
+  *) echo "usage: scripts/demo.sh [rust|py|js|c]" >&2; exit 2 ;;
+esac
+# The env override of the consumer's `plugin` key: the config file stays the same.
+export IDEMHOST_CONSUMER__0__PLUGIN=$PWD/plugins/dist/$PLUGIN.wasm
 export PGDATABASE=${PGDATABASE:-test} PGOPTIONS="-c client_min_messages=warning"
 CONFIG=examples/order-flow/idemhost.toml
 SCHEMA=order_demo
 NATS=${IDEMHOST_NATS__URL:-nats://127.0.0.1:4222}
 
-echo "== building the inventory plugin and the host"
+echo "== building the plugins and the host (this consumer runs $PLUGIN.wasm)"
 scripts/build-plugins.sh
 cargo build --quiet -p idemhost
 BIN=target/debug/idemhost
@@ -26,7 +36,8 @@ LOG=$(mktemp -t idemhost-demo.XXXXXX.log)
 "$BIN" --log-format json run --config "$CONFIG" --no-migrate 2>"$LOG" &
 HOST=$!
 trap 'kill $HOST 2>/dev/null || true' EXIT
-for _ in $(seq 100); do grep -q '"idemhost running"' "$LOG" && break; sleep 0.1; done
+# A cold start compiles the plugin (seconds for Python or JavaScript); later starts use the cache.
+for _ in $(seq 600); do grep -q '"idemhost running"' "$LOG" && break; sleep 0.1; done
 grep -q '"idemhost running"' "$LOG" || { cat "$LOG"; echo "host did not start" >&2; exit 1; }
 
 run=$(date +%s)

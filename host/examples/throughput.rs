@@ -2,6 +2,8 @@
 //!
 //! Run: `scripts/bench-core.sh` (release build, pgbench's seed transaction beside it), or
 //! `cargo run --release -p idemhost --example throughput -- --n 20000 --in-flight 1,16`.
+//! `scripts/bench-languages.sh` runs it with `--handler wasm:inventory-py,...` (any component in
+//! plugins/dist) and `--languages`, which measures each language's load and per-delivery costs.
 //!
 //! For each `max_in_flight`, with the WASM inventory plugin and then the native handler, it
 //! resets a `bench_throughput` schema (1,000 SKUs), publishes N OrderPlaced events to a fresh
@@ -30,8 +32,11 @@ const CONSUMER: &str = "inventory-reservation-v1";
 struct Args {
     n: usize,
     in_flight: Vec<u32>,
+    /// `native`, `wasm` (the Rust inventory component) or `wasm:<component name>`.
     handlers: Vec<String>,
     plugin_dir: String,
+    /// Measure load and per-delivery costs of every language's inventory component.
+    languages: bool,
 }
 
 fn args() -> Args {
@@ -40,9 +45,14 @@ fn args() -> Args {
         in_flight: vec![1, 16],
         handlers: vec!["wasm".into(), "native".into()],
         plugin_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/dist").into(),
+        languages: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--languages" {
+            a.languages = true;
+            continue;
+        }
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--n" => a.n = value.parse().unwrap_or(a.n),
@@ -186,7 +196,11 @@ async fn end_to_end(
 ) -> serde_json::Value {
     let pool = reset_schema().await;
     publish_all(js, args.n).await;
-    let plugin = (handler == "wasm").then(|| format!("{}/inventory.wasm", args.plugin_dir));
+    let component = match handler {
+        "wasm" => Some("inventory"),
+        other => other.strip_prefix("wasm:"),
+    };
+    let plugin = component.map(|name| format!("{}/{name}.wasm", args.plugin_dir));
     let mut host = Host::new(config(in_flight, plugin));
     if handler == "native" {
         host = host.with_handler(CONSUMER, Arc::new(NativeInventory));
@@ -320,6 +334,52 @@ async fn per_delivery_overhead(args: &Args) -> serde_json::Value {
         "inventory_native": inv_native, "inventory_wasm": inv_wasm}, "component_bytes": inventory.size()})
 }
 
+/// Per language: component size, compile time (cold, and from the compile cache), and the p50
+/// of instantiation and of the `handle` call over 2,000 inventory deliveries on one connection.
+async fn language_costs(args: &Args) -> serde_json::Value {
+    let pool = reset_schema().await;
+    let c = Claimer::new(
+        pool.clone(),
+        ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
+    );
+    let limits = PluginLimits {
+        timeout: Duration::from_secs(5),
+        memory: 64 << 20,
+    };
+    let cache = std::env::temp_dir().join(format!("idemhost-bench-cache-{}", std::process::id()));
+    let mut out = Vec::new();
+    for name in ["inventory", "inventory-py", "inventory-js", "inventory-c"] {
+        let path = format!("{}/{name}.wasm", args.plugin_dir);
+        let _ = std::fs::remove_dir_all(&cache);
+        let mut rt = PluginRuntime::new().unwrap();
+        rt.set_compile_cache(Some(&cache)).unwrap();
+        let cold = rt.load(path.as_ref(), limits).unwrap();
+        let cached = rt.load(path.as_ref(), limits).unwrap();
+        assert!(cached.load_info().from_cache);
+        let order = r#"{"id":"x","orderId":"o","sku":"sku-7","quantity":1}"#;
+        p50_us(&c, &cached, &format!("{name}-warm"), order, 100).await;
+        cached.timings().instantiate.reset();
+        cached.timings().handle.reset();
+        let total = p50_us(&c, &cached, name, order, 2000).await;
+        let us = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e6).unwrap_or(0.0);
+        let row = serde_json::json!({
+            "component": name,
+            "bytes": cold.size(),
+            "compile_ms": cold.load_info().compile_time.as_secs_f64() * 1e3,
+            "cached_load_ms": cached.load_info().compile_time.as_secs_f64() * 1e3,
+            "instantiate_p50_us": us(cached.timings().instantiate.quantile(0.5)),
+            "handle_p50_us": us(cached.timings().handle.quantile(0.5)),
+            "delivery_p50_us": total,
+            "wasi_imports": cold.load_info().wasi_imports,
+        });
+        println!("{row}");
+        out.push(row);
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    pool.close().await;
+    serde_json::Value::Array(out)
+}
+
 #[tokio::main]
 async fn main() {
     let args = args();
@@ -332,11 +392,16 @@ async fn main() {
         }
     }
     let overhead = per_delivery_overhead(&args).await;
+    let languages = if args.languages {
+        Some(language_costs(&args).await)
+    } else {
+        None
+    };
     let _ = js.delete_stream("BENCH").await;
     let _ = js.delete_stream("BENCH_DLQ").await;
     println!("peak RSS {:.0} MiB", peak_rss_mib());
     println!(
         "{}",
-        serde_json::json!({"runs": runs, "overhead": overhead, "peak_rss_mib": peak_rss_mib()})
+        serde_json::json!({"runs": runs, "overhead": overhead, "languages": languages, "peak_rss_mib": peak_rss_mib()})
     );
 }

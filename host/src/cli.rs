@@ -1,5 +1,5 @@
-//! The `idemhost` command line: `run`, `migrate`, and `publish` (a producer helper for scripts
-//! and demos). Parsing lives here; every command calls the library.
+//! The `idemhost` command line: `run`, `migrate`, `publish` (a producer helper for scripts
+//! and demos) and `plugin check`. Parsing lives here; every command calls the library.
 
 use std::path::PathBuf;
 
@@ -60,6 +60,25 @@ pub enum Command {
         headers: Vec<(String, String)>,
         /// The payload (e.g. JSON text).
         payload: String,
+    },
+    /// Work with plugin components.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Load a component exactly as `run` would — compile, check its imports and exports against
+    /// the `handler` world, instantiate it once under the limits — and print what it is
+    /// granted. Exits non-zero, naming the reason, when the host would refuse it.
+    Check {
+        /// The component file.
+        file: PathBuf,
+        /// The consumer's `memory_limit` to instantiate it under.
+        #[arg(long, default_value = "64MiB")]
+        memory_limit: String,
     },
 }
 
@@ -135,6 +154,34 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
                     ""
                 }
             );
+            Ok(())
+        }
+        Command::Plugin {
+            command: PluginCommand::Check { file, memory_limit },
+        } => {
+            let memory = crate::config::parse_size(&memory_limit)
+                .map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?;
+            let mut runtime = crate::plugin::PluginRuntime::new()?;
+            // The same default cache `run` uses: a later start skips this compilation.
+            if let Some(dir) = crate::plugin::default_compile_cache_dir() {
+                let _ = runtime.set_compile_cache(Some(&dir));
+            }
+            let limits = crate::plugin::PluginLimits {
+                timeout: std::time::Duration::from_secs(5),
+                memory: memory as usize,
+            };
+            let h = runtime.load(&file, limits)?;
+            let info = h.load_info();
+            println!("{}: accepted", file.display());
+            println!("  digest       {}", h.digest());
+            println!("  size         {} bytes", info.size);
+            println!("  compiled in  {} ms", info.compile_time.as_millis());
+            let wasi = if info.wasi_imports.is_empty() {
+                "none".to_string()
+            } else {
+                info.wasi_imports.join(", ")
+            };
+            println!("  wasi imports {wasi}");
             Ok(())
         }
     }

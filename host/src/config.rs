@@ -513,10 +513,15 @@ pub struct Size(pub u64);
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse::<bytesize::ByteSize>()
-            .map(|b| Size(b.as_u64()))
-            .map_err(|e| serde::de::Error::custom(format!("invalid size {s:?}: {e}")))
+        parse_size(&s).map(Size).map_err(serde::de::Error::custom)
     }
+}
+
+/// Bytes in a human size string (`"64MiB"`, `"512KiB"`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    s.parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|e| format!("invalid size {s:?}: {e}"))
 }
 
 fn default_nats_url() -> String {

@@ -1,10 +1,11 @@
 //! WASM plugins: the engine, loading and validating a component against the `handler` world,
 //! and running one sandboxed instance per delivery with a deadline and a memory cap. What a
 //! plugin may touch is exactly its [`PluginState`]: the lent transaction, its limits, a log sink.
-//! Submodules: [`world`] (what a component may import and must export) and `cache` (compiled
-//! components on disk, keyed by digest).
+//! Submodules: [`world`] (what a component may import and must export), `imports` (the host
+//! side of the world's imports) and `cache` (compiled components on disk, keyed by digest).
 
 mod cache;
+mod imports;
 pub mod world;
 
 pub use cache::default_dir as default_compile_cache_dir;
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceTable};
+use wasmtime::component::{Component, Linker, Resource, ResourceTable};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
     UpdateDeadline,
@@ -24,8 +25,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::handler::{HandleFuture, Handler, HandlerError, Message};
 use crate::histogram::Histogram;
-use crate::sql_gate::SqlValue;
-use crate::txn::{TxError, TxHandle};
+use crate::txn::TxHandle;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -37,13 +37,17 @@ mod bindings {
     });
 }
 
-use bindings::idemhost::consumer::{database, logging, types as wit};
+use bindings::idemhost::consumer::types as wit;
 
 /// How often the epoch advances; a plugin's deadline is checked (and it yields) at this grain.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Log lines one delivery may emit; the rest are counted and reported once.
 const MAX_LOG_LINES: u32 = 100;
 const MAX_LOG_LINE_BYTES: usize = 4096;
+/// Bytes of each pooled memory reset in place rather than decommitted (see `with_pool`).
+const KEEP_RESIDENT: usize = 16 << 20;
+/// Slots whose leftover memory is decommitted with one batch of system calls.
+const DECOMMIT_BATCH: usize = 16;
 /// Table elements are charged against the memory budget at this many bytes each.
 const TABLE_ELEMENT_BYTES: usize = 16;
 
@@ -119,12 +123,21 @@ impl PluginRuntime {
             .total_memories(n.saturating_mul(2))
             .total_tables(n.saturating_mul(8))
             .total_stacks(n)
-            .max_memory_size(pool.max_memory);
+            .max_memory_size(pool.max_memory)
+            // An interpreter (Python, JavaScript) dirties megabytes of its heap image in every
+            // delivery. Resetting a slot with madvise makes the next delivery page-fault all of
+            // them back in; instead, find the dirty pages (PAGEMAP_SCAN, Linux 6.7+) and copy
+            // the image back over them, keeping them resident, up to this much per memory.
+            .pagemap_scan(wasmtime::Enabled::Auto)
+            .linear_memory_keep_resident(KEEP_RESIDENT)
+            .table_keep_resident(KEEP_RESIDENT / 16)
+            .decommit_batch_size(DECOMMIT_BATCH);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
         let engine = Engine::new(&config)
             .map_err(|e| anyhow::anyhow!("failed to create wasm engine: {e:?}"))?;
         let mut linker = Linker::<PluginState>::new(&engine);
-        link(&mut linker).map_err(|e| anyhow::anyhow!("failed to link host interfaces: {e:?}"))?;
+        imports::link(&mut linker)
+            .map_err(|e| anyhow::anyhow!("failed to link host interfaces: {e:?}"))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let (weak_engine, stop) = (engine.weak(), ticker_stop.clone());
         std::thread::Builder::new()
@@ -202,10 +215,12 @@ impl PluginRuntime {
                         reason: format!("{e:#}"),
                     }
                 })?;
-                if let Some(cache) = &self.cache {
-                    if let Err(reason) = cache.store(&digest_hex, &component) {
-                        tracing::warn!(%reason, "failed to cache compiled plugin");
-                    }
+                if let Some(Err(reason)) = self
+                    .cache
+                    .as_ref()
+                    .map(|c| c.store(&digest_hex, &component))
+                {
+                    tracing::warn!(%reason, "failed to cache compiled plugin");
                 }
                 component
             }
@@ -242,49 +257,6 @@ impl Drop for PluginRuntime {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
     }
-}
-
-/// Links the host interfaces: the idemhost world's imports, and the WASI pieces language
-/// runtimes import without a way to reach anything (empty environment and arguments, no
-/// stdin, output discarded, clocks, randomness). No filesystem, sockets or HTTP are linked,
-/// so a component importing them is refused at load.
-fn link(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-    bindings::Handler::add_to_linker::<_, HasSelf<PluginState>>(linker, |s| s)?;
-    use wasmtime_wasi::cli::{WasiCli, WasiCliView as _};
-    use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView as _};
-    use wasmtime_wasi::p2::bindings::{cli, clocks, random};
-    use wasmtime_wasi::random::WasiRandom;
-    let l = linker;
-    wasmtime_wasi_io_link(l)?;
-    clocks::wall_clock::add_to_linker::<_, WasiClocks>(l, |t| t.clocks())?;
-    clocks::monotonic_clock::add_to_linker::<_, WasiClocks>(l, |t| t.clocks())?;
-    random::random::add_to_linker::<_, WasiRandom>(l, |t| t.wasi.random())?;
-    random::insecure::add_to_linker::<_, WasiRandom>(l, |t| t.wasi.random())?;
-    random::insecure_seed::add_to_linker::<_, WasiRandom>(l, |t| t.wasi.random())?;
-    cli::exit::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::environment::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::stdin::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::stdout::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::stderr::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::terminal_input::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::terminal_output::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::terminal_stdin::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::terminal_stdout::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    cli::terminal_stderr::add_to_linker::<_, WasiCli>(l, |t| t.cli())?;
-    Ok(())
-}
-
-/// `wasi:io` (error, poll, streams), which the cli and clock interfaces build on.
-fn wasmtime_wasi_io_link(l: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-    struct HasIo;
-    impl wasmtime::component::HasData for HasIo {
-        type Data<'a> = &'a mut ResourceTable;
-    }
-    use wasmtime_wasi_io::bindings::wasi::io;
-    io::error::add_to_linker::<PluginState, HasIo>(l, |t| &mut t.table)?;
-    io::poll::add_to_linker::<PluginState, HasIo>(l, |t| &mut t.table)?;
-    io::streams::add_to_linker::<PluginState, HasIo>(l, |t| &mut t.table)?;
-    Ok(())
 }
 
 /// Everything one plugin instance can reach.
@@ -536,105 +508,5 @@ impl Handler for WasmHandler {
 
     fn describe(&self) -> String {
         format!("wasm {}", self.digest)
-    }
-}
-
-impl wit::Host for PluginState {}
-
-impl database::Host for PluginState {}
-
-impl database::HostTransaction for PluginState {
-    async fn execute(
-        &mut self,
-        tx: Resource<TxHandle>,
-        sql: String,
-        params: Vec<wit::SqlValue>,
-    ) -> wasmtime::Result<Result<u64, String>> {
-        let handle = self.table.get(&tx)?.clone();
-        let params: Vec<SqlValue> = params.into_iter().map(from_wit).collect();
-        guest_result(handle.execute(&sql, &params).await)
-    }
-
-    async fn query(
-        &mut self,
-        tx: Resource<TxHandle>,
-        sql: String,
-        params: Vec<wit::SqlValue>,
-    ) -> wasmtime::Result<Result<Vec<Vec<wit::SqlValue>>, String>> {
-        let handle = self.table.get(&tx)?.clone();
-        let params: Vec<SqlValue> = params.into_iter().map(from_wit).collect();
-        let rows = guest_result(handle.query(&sql, &params).await)?;
-        Ok(rows.map(|rows| {
-            rows.into_iter()
-                .map(|r| r.into_iter().map(to_wit).collect())
-                .collect()
-        }))
-    }
-
-    async fn drop(&mut self, tx: Resource<TxHandle>) -> wasmtime::Result<()> {
-        self.table.delete(tx)?;
-        Ok(())
-    }
-}
-
-/// Refusals and database errors are data for the plugin; a handle used after its delivery
-/// traps.
-fn guest_result<T>(r: Result<T, TxError>) -> wasmtime::Result<Result<T, String>> {
-    match r {
-        Ok(v) => Ok(Ok(v)),
-        Err(TxError::Closed) => wasmtime::bail!("transaction handle used outside its delivery"),
-        Err(e) => Ok(Err(e.to_string())),
-    }
-}
-
-impl logging::Host for PluginState {
-    async fn log(&mut self, level: String, message: String) -> wasmtime::Result<()> {
-        let sink = &mut self.log;
-        if sink.lines >= MAX_LOG_LINES {
-            sink.dropped += 1;
-            return Ok(());
-        }
-        sink.lines += 1;
-        let mut message = message;
-        if message.len() > MAX_LOG_LINE_BYTES {
-            let mut cut = MAX_LOG_LINE_BYTES;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
-        let digest = &*sink.digest;
-        match level.as_str() {
-            "error" => tracing::error!(target: "idemhost::plugin", plugin = digest, "{message}"),
-            "warn" => tracing::warn!(target: "idemhost::plugin", plugin = digest, "{message}"),
-            "info" => tracing::info!(target: "idemhost::plugin", plugin = digest, "{message}"),
-            "trace" => tracing::trace!(target: "idemhost::plugin", plugin = digest, "{message}"),
-            _ => tracing::debug!(target: "idemhost::plugin", plugin = digest, "{message}"),
-        }
-        Ok(())
-    }
-}
-
-fn from_wit(v: wit::SqlValue) -> SqlValue {
-    match v {
-        wit::SqlValue::Null => SqlValue::Null,
-        wit::SqlValue::Boolean(b) => SqlValue::Boolean(b),
-        wit::SqlValue::Int(i) => SqlValue::Int(i),
-        wit::SqlValue::Float(f) => SqlValue::Float(f),
-        wit::SqlValue::Text(s) => SqlValue::Text(s),
-        wit::SqlValue::Bytes(b) => SqlValue::Bytes(b),
-        wit::SqlValue::Json(s) => SqlValue::Json(s),
-    }
-}
-
-fn to_wit(v: SqlValue) -> wit::SqlValue {
-    match v {
-        SqlValue::Null => wit::SqlValue::Null,
-        SqlValue::Boolean(b) => wit::SqlValue::Boolean(b),
-        SqlValue::Int(i) => wit::SqlValue::Int(i),
-        SqlValue::Float(f) => wit::SqlValue::Float(f),
-        SqlValue::Text(s) => wit::SqlValue::Text(s),
-        SqlValue::Bytes(b) => wit::SqlValue::Bytes(b),
-        SqlValue::Json(s) => wit::SqlValue::Json(s),
     }
 }

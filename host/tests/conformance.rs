@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use idemhost::{
-    ClaimSettings, Claimer, Host, Isolation, Message, Outcome, PluginLimits, PluginRuntime,
-    WasmHandler,
+    ClaimSettings, Claimer, Host, Isolation, Message, Outcome, PluginLimits, WasmHandler,
 };
 
 const CONSUMER: &str = "inventory-reservation-v1";
@@ -46,6 +45,7 @@ for_each_language!(
     busy_loop_is_cut_at_the_deadline,
     template_records_a_business_key_once,
     template_retryable_error_rolls_back,
+    no_state_survives_from_one_delivery_to_the_next,
     component_imports_only_granted_interfaces,
 );
 
@@ -60,19 +60,11 @@ fn template_name(lang: &str) -> String {
     format!("template-{lang}")
 }
 
-/// One compiled handler per component for the whole test binary, with a compile cache under
-/// the target directory so a re-run deserializes instead of compiling (seconds for the
-/// interpreters).
+/// One loaded handler per component for the whole test binary (the runtime's compile cache
+/// spares later test binaries and re-runs the compilation too).
 fn plugin(name: &str) -> Arc<WasmHandler> {
-    static RT: OnceLock<PluginRuntime> = OnceLock::new();
     static LOADED: OnceLock<Mutex<HashMap<String, Arc<OnceLock<Arc<WasmHandler>>>>>> =
         OnceLock::new();
-    let rt = RT.get_or_init(|| {
-        let mut rt = PluginRuntime::new().unwrap();
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache");
-        rt.set_compile_cache(Some(&dir)).unwrap();
-        rt
-    });
     let cell = LOADED
         .get_or_init(Default::default)
         .lock()
@@ -85,7 +77,7 @@ fn plugin(name: &str) -> Arc<WasmHandler> {
             timeout: HANDLER_TIMEOUT,
             memory: 64 << 20,
         };
-        Arc::new(rt.load(&plugin_path(name), limits).unwrap())
+        Arc::new(runtime().load(&plugin_path(name), limits).unwrap())
     })
     .clone()
 }
@@ -330,7 +322,8 @@ async fn template_env(tag: &str, lang: &str) -> TestEnv {
     let env = TestEnv::new(&format!("conf_{tag}_{lang}")).await;
     sqlx::raw_sql(
         "CREATE TABLE note (note_id text PRIMARY KEY, body text NOT NULL, message_id text NOT NULL);
-         CREATE TABLE conformance_refusal (message_id text NOT NULL, error text NOT NULL);",
+         CREATE TABLE conformance_refusal (message_id text NOT NULL, error text NOT NULL);
+         CREATE TABLE conformance_state (message_id text NOT NULL, calls bigint NOT NULL);",
     )
     .execute(&env.pool)
     .await
@@ -478,6 +471,31 @@ async fn template_retryable_error_rolls_back(lang: &str) {
         "{lang}: {outcome:?}"
     );
     assert_eq!(env.markers(CONSUMER).await, 0);
+    env.cleanup().await;
+}
+
+/// Every delivery runs in a fresh instance: a module-level counter the template bumps on each
+/// call reads 1 every time, also after a trap, so nothing of one message's run (nor of its
+/// transaction handle) reaches the next.
+async fn no_state_survives_from_one_delivery_to_the_next(lang: &str) {
+    let env = template_env("state", lang).await;
+    let (p, c) = (plugin(&template_name(lang)), claimer(&env));
+    for i in 0..3 {
+        let msg = event(&format!("evt-state-{i}"), "conformance.state", b"{}");
+        assert_eq!(c.process(p.as_ref(), &msg).await.outcome, Outcome::Applied);
+        let trap = event(&format!("evt-state-trap-{i}"), "conformance.trap", b"{}");
+        c.process(p.as_ref(), &trap).await;
+    }
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM conformance_state").await,
+        3
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM conformance_state WHERE calls = 1")
+            .await,
+        3,
+        "{lang}: every delivery saw a fresh instance"
+    );
     env.cleanup().await;
 }
 

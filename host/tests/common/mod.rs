@@ -194,9 +194,19 @@ pub fn plugin_path(name: &str) -> PathBuf {
     p
 }
 
+/// The tests' plugin runtime, with a compile cache every test binary shares (under the target
+/// directory), so a component is compiled once per build, not once per test process.
 pub fn runtime() -> &'static PluginRuntime {
     static RT: std::sync::OnceLock<PluginRuntime> = std::sync::OnceLock::new();
-    RT.get_or_init(|| PluginRuntime::new().unwrap())
+    RT.get_or_init(|| {
+        let mut rt = PluginRuntime::new().unwrap();
+        rt.set_compile_cache(Some(&test_compile_cache())).unwrap();
+        rt
+    })
+}
+
+pub fn test_compile_cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile-cache")
 }
 
 pub fn load_plugin(name: &str, timeout: Duration) -> Arc<WasmHandler> {

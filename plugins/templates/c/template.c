@@ -111,9 +111,21 @@ out:
   return ok;
 }
 
+// Module state lives as long as the instance, and every delivery gets a fresh instance: the
+// `conformance.state` case records this counter to prove it is 1 every time.
+static int64_t calls;
+
 static bool conformance(tx_t tx, const message_t *msg, const char *kase, size_t len,
                         handler_error_t *err) {
 #define IS(name) (len == sizeof(name) - 1 && memcmp(kase, name, len) == 0)
+  calls++;
+  if (IS("state")) {
+    sql_value_t params[2] = {text_value((const char *)msg->id.ptr, msg->id.len),
+                             {.tag = IDEMHOST_CONSUMER_TYPES_SQL_VALUE_INT, .val.int_ = calls}};
+    uint64_t changed;
+    return execute(tx, "INSERT INTO conformance_state (message_id, calls) VALUES ($1, $2)",
+                   params, 2, &changed, err);
+  }
   if (IS("refused-sql")) {
     handler_string_t sql, refusal;
     handler_string_set(&sql, "DELETE FROM processed_message");

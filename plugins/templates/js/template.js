@@ -52,8 +52,16 @@ function noteAdded(tx, msg) {
   log('info', `note ${noteId} recorded; ${rows[0][0].val} notes`);
 }
 
+// Module state lives as long as the instance, and every delivery gets a fresh instance: the
+// `conformance.state` case records this counter to prove it is 1 every time.
+let calls = 0;
+
 function conformance(tx, msg, kase) {
+  calls += 1;
   switch (kase) {
+    case 'state':
+      tx.execute('INSERT INTO conformance_state (message_id, calls) VALUES ($1, $2)', [text(msg.id), { tag: 'int', val: BigInt(calls) }]);
+      return;
     case 'refused-sql': {
       let refusal;
       try {

@@ -62,7 +62,20 @@ def note_added(tx: database.Transaction, msg: Message) -> None:
             logging.log("info", f"note {note_id} recorded; {count} notes")
 
 
+# Module state lives as long as the instance, and every delivery gets a fresh instance: the
+# `conformance.state` case records this counter to prove it is 1 every time.
+calls = 0
+
+
 def conformance(tx: database.Transaction, msg: Message, case: str) -> None:
+    global calls
+    calls += 1
+    if case == "state":
+        tx.execute(
+            "INSERT INTO conformance_state (message_id, calls) VALUES ($1, $2)",
+            [SqlValue_Text(msg.id), SqlValue_Int(calls)],
+        )
+        return
     if case == "refused-sql":
         try:
             tx.execute("DELETE FROM processed_message", [])

@@ -56,8 +56,20 @@ fn note_added(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
     Ok(())
 }
 
+/// Module state lives as long as the instance, and every delivery gets a fresh instance: the
+/// `conformance.state` case records this counter to prove it is 1 every time.
+static CALLS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
 fn conformance(tx: &Transaction, msg: &Message, case: &str) -> Result<(), HandlerError> {
+    let calls = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     match case {
+        "state" => tx
+            .execute(
+                "INSERT INTO conformance_state (message_id, calls) VALUES ($1, $2)",
+                &[SqlValue::Text(msg.id.clone()), SqlValue::Int(calls)],
+            )
+            .map(|_| ())
+            .map_err(HandlerError::Retryable),
         "refused-sql" => match tx.execute("DELETE FROM processed_message", &[]) {
             Ok(_) => Err(HandlerError::Terminal(
                 "the host accepted a statement on processed_message".into(),
