@@ -84,7 +84,10 @@ pub async fn bind(
         }
     } else {
         if config.create_stream {
-            let dlq_stream = format!("IDEMHOST_DLQ_{}", config.durable_name().replace('-', "_"));
+            // Named after the subject, not the consumer: two configs with one consumer name and
+            // different dead-letter subjects must not meet in one stream that captures only
+            // the first subject.
+            let dlq_stream = dead_letter_stream_name(&dlq);
             js.get_or_create_stream(stream::Config {
                 name: dlq_stream.clone(),
                 subjects: vec![dlq.clone()],
@@ -94,6 +97,11 @@ pub async fn bind(
             .with_context(|| {
                 format!("consumer {name}: failed to create dead-letter stream {dlq_stream}")
             })?;
+            if js.stream_by_subject(dlq.clone()).await.is_err() {
+                anyhow::bail!(
+                    "consumer {name}: stream {dlq_stream} exists but does not capture dead_letter_subject {dlq}"
+                );
+            }
         } else {
             anyhow::bail!(
                 "consumer {name}: no JetStream stream captures dead_letter_subject {dlq} (create one, or set create_stream = true)"
@@ -385,6 +393,21 @@ impl ConsumerRuntime {
             }
         }
     }
+}
+
+/// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.
+fn dead_letter_stream_name(subject: &str) -> String {
+    let safe: String = subject
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("IDEMHOST_DLQ_{safe}")
 }
 
 /// Whether NATS subject `pattern` (with `*` and `>` wildcards) matches literal `subject`.

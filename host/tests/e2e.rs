@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use idemhost::Host;
+use idemhost::{Config, Host};
 use rand::seq::{IndexedRandom, SliceRandom};
 
 const CONSUMER: &str = "inventory-reservation-v1";
@@ -387,4 +387,51 @@ async fn http_get(addr: &str, path: &str) -> Option<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).await.ok()?;
     Some(out)
+}
+
+/// With `create_stream`, the dead-letter stream is named after the dead-letter subject: two
+/// configurations of one consumer name with different dead-letter subjects (a demo and a
+/// container of the same consumer, say) each get a stream capturing their own subject, instead
+/// of the second finding the first's stream, which does not capture its subject, and nak'ing
+/// its dead letters forever.
+#[tokio::test]
+async fn dead_letter_streams_follow_the_subject_not_the_consumer_name() {
+    let env = TestEnv::new("dlqname").await;
+    env.seed_inventory(&[("sku-1", 1)]).await;
+    let nats = NatsEnv::new("dlqname", Duration::from_secs(60)).await;
+    let mut dlq_streams = Vec::new();
+    for (round, quantity) in [(1, 5), (2, 7)] {
+        // Outside the test stream's `<prefix>.>`, so the host creates the dead-letter stream.
+        let dlq = format!("{}_dlq{round}.inventory", nats.prefix);
+        let text = format!(
+            "[nats]\nurl = \"{NATS_URL}\"\n{}\n[[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{dlq}\"\ncreate_stream = true\n",
+            env.postgres_toml(),
+            nats.stream,
+            nats.subject(),
+            plugin_path("inventory").display(),
+        );
+        let config =
+            Config::from_toml(&text, std::iter::empty(), "t.toml".as_ref(), ".".as_ref()).unwrap();
+        let host = RunningHost::start(Host::new(config));
+        let id = format!("evt-too-big-{round}");
+        nats.publish(Some(&id), &order_payload(&id, "sku-1", quantity))
+            .await;
+        nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
+        host.stop().await;
+        let stream = nats.js.stream_by_subject(dlq.clone()).await.unwrap();
+        let mut info = nats.js.get_stream(&stream).await.unwrap();
+        assert_eq!(
+            info.info().await.unwrap().state.messages,
+            1,
+            "{dlq} holds its dead letter"
+        );
+        dlq_streams.push(stream);
+    }
+    assert_ne!(dlq_streams[0], dlq_streams[1]);
+    assert_eq!(env.markers(CONSUMER).await, 0);
+    for s in dlq_streams {
+        nats.js.delete_stream(&s).await.unwrap();
+    }
+    nats.cleanup().await;
+    env.cleanup().await;
 }
