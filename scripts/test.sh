@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests, and integration tests against the machine's PostgreSQL
 # (127.0.0.1:5432) and NATS JetStream (127.0.0.1:4222), including the crash tests (built with
-# the `failpoints` feature). Installs the wasm target it needs; exits non-zero on any failure.
+# the `failpoints` feature), the conformance suite over every plugin language and the container
+# test. Installs what it needs (plugin toolchains, podman, the musl target); exits non-zero on
+# any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,4 +15,11 @@ psql -q -X "$pg_url" -c 'SELECT 1' >/dev/null 2>&1 \
 
 cargo fmt --all -- --check
 scripts/build-plugins.sh
+# The container test runs the image built here; it is skipped only where podman is absent and
+# cannot be installed.
+if command -v podman >/dev/null || command -v apt-get >/dev/null; then
+  scripts/build-image.sh
+else
+  echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
+fi
 cargo test --workspace --features idemhost/failpoints "$@"

@@ -1,5 +1,5 @@
 //! The `idemhost` command line: `run`, `migrate`, `publish` (a producer helper for scripts
-//! and demos) and `plugin check`. Parsing lives here; every command calls the library.
+//! and demos), `health` and `plugin check`. Parsing lives here; every command calls the library.
 
 use std::path::PathBuf;
 
@@ -60,6 +60,19 @@ pub enum Command {
         headers: Vec<(String, String)>,
         /// The payload (e.g. JSON text).
         payload: String,
+    },
+    /// Exit 0 when the admin endpoint answers 200 (a HEALTHCHECK for images without curl).
+    Health {
+        /// `/readyz` (ready to consume) or `/healthz` (alive) of a running host.
+        #[arg(
+            long,
+            env = "IDEMHOST_HEALTH_URL",
+            default_value = "http://127.0.0.1:9464/readyz"
+        )]
+        url: String,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
     },
     /// Work with plugin components.
     Plugin {
@@ -154,6 +167,13 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
                     ""
                 }
             );
+            Ok(())
+        }
+        Command::Health { url, timeout } => {
+            crate::admin::probe(&url, timeout)
+                .await
+                .map_err(|e| anyhow::anyhow!("not healthy: {e}"))?;
+            println!("{url}: 200 OK");
             Ok(())
         }
         Command::Plugin {

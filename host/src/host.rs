@@ -137,6 +137,7 @@ impl Host {
             .connect(config.nats.url.as_str())
             .await
             .with_context(|| format!("failed to connect to NATS at {nats_url}"))?;
+        readiness.watch(client.clone(), pool.clone());
         let mut js = async_nats::jetstream::new(client.clone());
         js.set_timeout(config.nats.request_timeout.0);
 
