@@ -611,6 +611,31 @@ mod tests {
         assert_eq!(con.statement_timeout(), Duration::from_secs(5));
     }
 
+    /// `host.compile_cache`: a relative path resolves against the config's directory, `"off"`
+    /// disables it (also from the environment), and the default is the user's cache directory.
+    #[test]
+    fn compile_cache_resolves_or_turns_off() {
+        let with = |value: &str| {
+            SAMPLE.replace(
+                "[postgres]",
+                &format!("[host]\ncompile_cache = \"{value}\"\n[postgres]"),
+            )
+        };
+        let c = parse(&with("cache/components"), &[]).unwrap();
+        assert_eq!(
+            c.host.compile_cache_dir().as_deref(),
+            Some(Path::new("/etc/idemhost/cache/components"))
+        );
+        assert_eq!(
+            parse(&with("off"), &[]).unwrap().host.compile_cache_dir(),
+            None
+        );
+        let off_by_env = parse(SAMPLE, &[("IDEMHOST_HOST__COMPILE_CACHE", "off")]).unwrap();
+        assert_eq!(off_by_env.host.compile_cache_dir(), None);
+        let default = parse(SAMPLE, &[]).unwrap().host.compile_cache_dir();
+        assert_eq!(default, crate::plugin::default_compile_cache_dir());
+    }
+
     #[test]
     fn env_overrides_reach_nested_and_listed_keys() {
         let c = parse(

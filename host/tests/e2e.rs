@@ -315,24 +315,17 @@ async fn native_handler_runs_through_the_same_pipeline() {
     let host = RunningHost::start(
         Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),
     );
+    let get = |path: &str| {
+        let url = format!("http://{admin}{path}");
+        async move { idemhost::admin::probe(&url, Duration::from_secs(5)).await }
+    };
     wait_until(Duration::from_secs(20), "/readyz to answer 200", || async {
-        http_get(&admin, "/readyz")
-            .await
-            .filter(|r| r.starts_with("HTTP/1.1 200"))
+        get("/readyz").await.ok()
     })
     .await;
-    assert!(
-        http_get(&admin, "/healthz")
-            .await
-            .unwrap()
-            .starts_with("HTTP/1.1 200")
-    );
-    assert!(
-        http_get(&admin, "/nope")
-            .await
-            .unwrap()
-            .starts_with("HTTP/1.1 404")
-    );
+    get("/healthz").await.unwrap();
+    let not_found = get("/nope").await.unwrap_err();
+    assert!(not_found.contains("HTTP/1.1 404"), "{not_found}");
     nats.publish(Some("evt-1"), &order_payload("evt-1", "sku-1", 2))
         .await;
     nats.publish(Some("evt-2"), &order_payload("evt-2", "sku-404", 1))
@@ -345,9 +338,10 @@ async fn native_handler_runs_through_the_same_pipeline() {
     assert_eq!(env.reserved("sku-1").await, 2);
     assert_eq!(nats.dead_letters().await.len(), 1);
     host.stop().await;
+    let stopped = get("/healthz").await.unwrap_err();
     assert!(
-        http_get(&admin, "/healthz").await.is_none(),
-        "the endpoint stops with the host"
+        stopped.contains("cannot connect"),
+        "the endpoint stops with the host: {stopped}"
     );
     nats.cleanup().await;
     env.cleanup().await;
@@ -375,18 +369,6 @@ async fn consuming_own_dead_letters_is_refused() {
     );
     nats.cleanup().await;
     env.cleanup().await;
-}
-
-/// One GET against the admin endpoint; `None` if nothing answers.
-async fn http_get(addr: &str, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
 }
 
 /// With `create_stream`, the dead-letter stream is named after the dead-letter subject: two
@@ -434,4 +416,49 @@ async fn dead_letter_streams_follow_the_subject_not_the_consumer_name() {
     }
     nats.cleanup().await;
     env.cleanup().await;
+}
+
+/// `/readyz` follows the live connections, not only start-up: 200 while bound and connected,
+/// 503 naming NATS while a (private) server is down, 200 again once the client reconnected.
+#[tokio::test]
+async fn readyz_reports_a_lost_nats_connection_and_recovers() {
+    let env = TestEnv::new("readyz").await;
+    let mut server = PrivateNats::start();
+    let nats = NatsEnv::at(&server.url(), "readyz", Duration::from_secs(60)).await;
+    let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
+    cfg.nats.url = server.url();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    cfg.admin.listen = Some(admin.clone());
+    let host = RunningHost::start(
+        Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),
+    );
+    let readyz = format!("http://{admin}/readyz");
+    let ready = || idemhost::admin::probe(&readyz, Duration::from_secs(5));
+    wait_until(Duration::from_secs(20), "/readyz 200", || async {
+        ready().await.ok()
+    })
+    .await;
+
+    server.kill();
+    let why = wait_until(Duration::from_secs(20), "/readyz 503", || async {
+        ready().await.err()
+    })
+    .await;
+    assert!(
+        why.contains("503") && why.contains("NATS disconnected"),
+        "{why}"
+    );
+
+    server.restart();
+    wait_until(
+        Duration::from_secs(30),
+        "/readyz 200 after reconnect",
+        || async { ready().await.ok() },
+    )
+    .await;
+    host.stop().await;
 }

@@ -396,3 +396,75 @@ pub fn config(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &s
     )
     .unwrap()
 }
+
+/// A private `nats-server` with JetStream on a free port and its own store directory, for
+/// tests that stop the server: the machine's shared NATS stays up. Killed when dropped.
+pub struct PrivateNats {
+    port: u16,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateNats {
+    pub fn start() -> PrivateNats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("nats-store"));
+        let mut server = PrivateNats {
+            port,
+            dir,
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the server on the same port and store, and waits until it accepts.
+    pub fn restart(&mut self) {
+        let child = std::process::Command::new("/usr/sbin/nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start /usr/sbin/nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "private nats-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
