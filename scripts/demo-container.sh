@@ -27,7 +27,7 @@ start=$(date +%s%N)
 # the check itself runs below with `podman healthcheck run`.
 podman --runtime runc run -d --name "$NAME" --network=host --read-only \
   --ulimit nofile=1024:1024 --ulimit nproc=1000:1000 \
-  -e IDEMHOST_ADMIN__LISTEN="127.0.0.1:$PORT" -e IDEMHOST_HEALTH_URL="http://127.0.0.1:$PORT/readyz" \
+  -e IDEMHOST_ADMIN__LISTEN="127.0.0.1:$PORT" \
   "$IMAGE" >/dev/null 2>&1
 trap 'podman rm -f "$NAME" >/dev/null 2>&1 || true' EXIT
 BIN=target/image/idemhost

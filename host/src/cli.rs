@@ -63,13 +63,13 @@ pub enum Command {
     },
     /// Exit 0 when the admin endpoint answers 200 (a HEALTHCHECK for images without curl).
     Health {
-        /// `/readyz` (ready to consume) or `/healthz` (alive) of a running host.
-        #[arg(
-            long,
-            env = "IDEMHOST_HEALTH_URL",
-            default_value = "http://127.0.0.1:9464/readyz"
-        )]
-        url: String,
+        /// `/readyz` (ready to consume) or `/healthz` (alive) of a running host. Default: the
+        /// `/readyz` of the config's `admin.listen` (env overrides included).
+        #[arg(long, env = "IDEMHOST_HEALTH_URL")]
+        url: Option<String>,
+        /// The host's config, to find `admin.listen` when `--url` is not given.
+        #[arg(long, env = "IDEMHOST_CONFIG")]
+        config: Option<PathBuf>,
         /// How long to wait for the answer.
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
@@ -169,7 +169,16 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Health { url, timeout } => {
+        Command::Health {
+            url,
+            config,
+            timeout,
+        } => {
+            let url = match (url, config) {
+                (Some(url), _) => url,
+                (None, Some(path)) => readyz_url(&Config::load(&path)?)?,
+                (None, None) => anyhow::bail!("give --url, or --config to read admin.listen from"),
+            };
             crate::admin::probe(&url, timeout)
                 .await
                 .map_err(|e| anyhow::anyhow!("not healthy: {e}"))?;
@@ -205,6 +214,25 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `http://<admin.listen>/readyz`, asking a wildcard listen address over loopback.
+fn readyz_url(config: &Config) -> anyhow::Result<String> {
+    let listen = config
+        .admin
+        .listen
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("admin.listen is not configured: no endpoint to ask"))?;
+    let addr: std::net::SocketAddr = listen
+        .parse()
+        .with_context(|| format!("admin.listen {listen}"))?;
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+        ip if ip.is_unspecified() => "[::1]".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    Ok(format!("http://{host}:{}/readyz", addr.port()))
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).

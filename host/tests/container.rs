@@ -160,6 +160,10 @@ async fn container_applies_once_drains_on_stop_and_resumes_without_loss_or_doubl
     })
     .await;
 
+    // The image's HEALTHCHECK (`idemhost health`, finding the port from the config and the
+    // env override) passes. podman cannot schedule it without systemd; run it once by hand.
+    podman_ok(&["healthcheck", "run", &container.name]);
+
     // It runs as the image's numeric non-root user, on a read-only root filesystem.
     assert_eq!(container.inspect("{{.Config.User}}"), "65532:65532");
     let pid = container.inspect("{{.State.Pid}}");
