@@ -462,3 +462,54 @@ async fn readyz_reports_a_lost_nats_connection_and_recovers() {
     .await;
     host.stop().await;
 }
+
+/// `/readyz` turns 503 naming PostgreSQL while a (private) server is down after an immediate
+/// shutdown, and 200 again once it is back and the pool reconnected.
+#[tokio::test]
+async fn readyz_reports_a_lost_postgres_and_recovers() {
+    let pg = PrivatePostgres::start();
+    let nats = NatsEnv::new("readypg", Duration::from_secs(60)).await;
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let text = format!(
+        "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{}\"\nacquire_timeout = \"500ms\"\n[admin]\nlisten = \"{admin}\"\n[[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\ndead_letter_subject = \"{}\"\n",
+        pg.url(),
+        nats.stream,
+        nats.subject(),
+        nats.dlq(),
+    );
+    let cfg =
+        Config::from_toml(&text, std::iter::empty(), "t.toml".as_ref(), ".".as_ref()).unwrap();
+    let host = RunningHost::start(
+        Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),
+    );
+    let readyz = format!("http://{admin}/readyz");
+    let ready = || idemhost::admin::probe(&readyz, Duration::from_secs(5));
+    wait_until(Duration::from_secs(20), "/readyz 200", || async {
+        ready().await.ok()
+    })
+    .await;
+
+    pg.stop_immediate();
+    let why = wait_until(Duration::from_secs(20), "/readyz 503", || async {
+        ready().await.err()
+    })
+    .await;
+    assert!(
+        why.contains("503") && why.contains("PostgreSQL does not answer"),
+        "{why}"
+    );
+
+    pg.start_again();
+    wait_until(
+        Duration::from_secs(30),
+        "/readyz 200 after restart",
+        || async { ready().await.ok() },
+    )
+    .await;
+    host.stop().await;
+    nats.cleanup().await;
+}

@@ -468,3 +468,114 @@ impl Drop for PrivateNats {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A private PostgreSQL 15 cluster (`initdb` + `pg_ctl` from /usr/lib/postgresql/15/bin, run as
+/// `nobody`, trust auth, superuser `idemhost`) on a free port in its own directory, for tests
+/// that stop the server: the machine's shared PostgreSQL stays up. Stopped when dropped.
+pub struct PrivatePostgres {
+    port: u16,
+    dir: PathBuf,
+}
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+impl PrivatePostgres {
+    pub fn start() -> PrivatePostgres {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(unique("idemhost-pg"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pg = PrivatePostgres { port, dir };
+        run("chown", &["nobody:nogroup", pg.path("")]);
+        as_nobody(
+            "initdb",
+            &[
+                "-D",
+                pg.path("data"),
+                "-A",
+                "trust",
+                "-U",
+                "idemhost",
+                "--no-sync",
+            ],
+        );
+        pg.start_again();
+        pg
+    }
+
+    fn path(&self, name: &str) -> &str {
+        // Leaked once per call site and test: a few bytes, and it keeps the call sites plain.
+        let p = self.dir.join(name);
+        Box::leak(p.to_string_lossy().into_owned().into_boxed_str())
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://idemhost@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// `pg_ctl start`, waiting until it accepts connections.
+    pub fn start_again(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.path("")
+        );
+        as_nobody(
+            "pg_ctl",
+            &[
+                "-D",
+                self.path("data"),
+                "-w",
+                "-o",
+                &options,
+                "-l",
+                self.path("log"),
+                "start",
+            ],
+        );
+    }
+
+    /// `pg_ctl stop -m immediate`: the server dies without a checkpoint, connections drop.
+    pub fn stop_immediate(&self) {
+        as_nobody(
+            "pg_ctl",
+            &["-D", self.path("data"), "-w", "-m", "immediate", "stop"],
+        );
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs a PostgreSQL tool as `nobody` (initdb refuses root).
+fn as_nobody(tool: &str, args: &[&str]) {
+    let tool = format!("{PG_BIN}/{tool}");
+    let mut all = vec!["-u", "nobody", "--", tool.as_str()];
+    all.extend_from_slice(args);
+    run("runuser", &all);
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("runuser")
+            .args(["-u", "nobody", "--", &format!("{PG_BIN}/pg_ctl"), "-D"])
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
