@@ -418,15 +418,14 @@ async fn dead_letter_streams_follow_the_subject_not_the_consumer_name() {
     env.cleanup().await;
 }
 
-/// `/readyz` follows the live connections, not only start-up: 200 while bound and connected,
-/// 503 naming NATS while a (private) server is down, 200 again once the client reconnected.
-#[tokio::test]
-async fn readyz_reports_a_lost_nats_connection_and_recovers() {
-    let env = TestEnv::new("readyz").await;
-    let mut server = PrivateNats::start();
-    let nats = NatsEnv::at(&server.url(), "readyz", Duration::from_secs(60)).await;
-    let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
-    cfg.nats.url = server.url();
+/// Runs a native-handler host with an admin endpoint on `cfg`, waits for `/readyz` 200, runs
+/// `outage`, expects 503 naming `reason`, runs `recover`, and expects 200 again.
+async fn readyz_through_outage(
+    mut cfg: Config,
+    outage: impl FnOnce(),
+    reason: &str,
+    recover: impl FnOnce(),
+) {
     let admin = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -443,24 +442,41 @@ async fn readyz_reports_a_lost_nats_connection_and_recovers() {
     })
     .await;
 
-    server.kill();
+    outage();
     let why = wait_until(Duration::from_secs(20), "/readyz 503", || async {
         ready().await.err()
     })
     .await;
-    assert!(
-        why.contains("503") && why.contains("NATS disconnected"),
-        "{why}"
-    );
+    assert!(why.contains("503") && why.contains(reason), "{why}");
 
-    server.restart();
+    recover();
     wait_until(
         Duration::from_secs(30),
-        "/readyz 200 after reconnect",
+        "/readyz 200 after recovery",
         || async { ready().await.ok() },
     )
     .await;
     host.stop().await;
+}
+
+/// `/readyz` follows the live connections, not only start-up: 200 while bound and connected,
+/// 503 naming NATS while a (private) server is down, 200 again once the client reconnected.
+#[tokio::test]
+async fn readyz_reports_a_lost_nats_connection_and_recovers() {
+    let env = TestEnv::new("readyz").await;
+    let server = std::cell::RefCell::new(PrivateNats::start());
+    let url = server.borrow().url();
+    let nats = NatsEnv::at(&url, "readyz", Duration::from_secs(60)).await;
+    let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
+    cfg.nats.url = url;
+    readyz_through_outage(
+        cfg,
+        || server.borrow_mut().kill(),
+        "NATS disconnected",
+        || server.borrow_mut().restart(),
+    )
+    .await;
+    env.cleanup().await;
 }
 
 /// `/readyz` turns 503 naming PostgreSQL while a (private) server is down after an immediate
@@ -469,13 +485,8 @@ async fn readyz_reports_a_lost_nats_connection_and_recovers() {
 async fn readyz_reports_a_lost_postgres_and_recovers() {
     let pg = PrivatePostgres::start();
     let nats = NatsEnv::new("readypg", Duration::from_secs(60)).await;
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
     let text = format!(
-        "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{}\"\nacquire_timeout = \"500ms\"\n[admin]\nlisten = \"{admin}\"\n[[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\ndead_letter_subject = \"{}\"\n",
+        "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{}\"\nacquire_timeout = \"500ms\"\n[[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\ndead_letter_subject = \"{}\"\n",
         pg.url(),
         nats.stream,
         nats.subject(),
@@ -483,33 +494,12 @@ async fn readyz_reports_a_lost_postgres_and_recovers() {
     );
     let cfg =
         Config::from_toml(&text, std::iter::empty(), "t.toml".as_ref(), ".".as_ref()).unwrap();
-    let host = RunningHost::start(
-        Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),
-    );
-    let readyz = format!("http://{admin}/readyz");
-    let ready = || idemhost::admin::probe(&readyz, Duration::from_secs(5));
-    wait_until(Duration::from_secs(20), "/readyz 200", || async {
-        ready().await.ok()
-    })
-    .await;
-
-    pg.stop_immediate();
-    let why = wait_until(Duration::from_secs(20), "/readyz 503", || async {
-        ready().await.err()
-    })
-    .await;
-    assert!(
-        why.contains("503") && why.contains("PostgreSQL does not answer"),
-        "{why}"
-    );
-
-    pg.start_again();
-    wait_until(
-        Duration::from_secs(30),
-        "/readyz 200 after restart",
-        || async { ready().await.ok() },
+    readyz_through_outage(
+        cfg,
+        || pg.stop_immediate(),
+        "PostgreSQL does not answer",
+        || pg.start_again(),
     )
     .await;
-    host.stop().await;
     nats.cleanup().await;
 }
