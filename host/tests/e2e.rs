@@ -307,10 +307,7 @@ async fn native_handler_runs_through_the_same_pipeline() {
     let nats = NatsEnv::new("e2enative", Duration::from_millis(100)).await;
     let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
     cfg.consumers[0].plugin = None;
-    let admin = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().to_string()
-    };
+    let admin = format!("127.0.0.1:{}", free_port());
     cfg.admin.listen = Some(admin.clone());
     let host = RunningHost::start(
         Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),
@@ -426,11 +423,7 @@ async fn readyz_through_outage(
     reason: &str,
     recover: impl FnOnce(),
 ) {
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let admin = format!("127.0.0.1:{}", free_port());
     cfg.admin.listen = Some(admin.clone());
     let host = RunningHost::start(
         Host::new(cfg).with_handler(CONSUMER, Arc::new(idemhost::baseline::NativeInventory)),

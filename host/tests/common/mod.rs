@@ -162,6 +162,15 @@ pub fn init_logs() {
         .try_init();
 }
 
+/// A TCP port on 127.0.0.1 that nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Polls `probe` until it yields a value; panics after `timeout` naming what it waited for.
 pub async fn wait_until<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
 where
@@ -407,11 +416,7 @@ pub struct PrivateNats {
 
 impl PrivateNats {
     pub fn start() -> PrivateNats {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("nats-store"));
         let mut server = PrivateNats {
             port,
@@ -481,11 +486,7 @@ const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 impl PrivatePostgres {
     pub fn start() -> PrivatePostgres {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(unique("idemhost-pg"));
         std::fs::create_dir_all(&dir).unwrap();
         let pg = PrivatePostgres { port, dir };
