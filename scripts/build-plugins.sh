@@ -40,13 +40,17 @@ WIT=("$ROOT"/wit/*.wit)
 
 # -- Rust (wasm32-wasip2) -----------------------------------------------------------------------
 if want rust; then
-  say "rust: inventory, testkit, template-rust"
+  say "rust: inventory, testkit, template-rust, versioned-a/b"
   rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
   cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
   out=plugins/target/wasm32-wasip2/release
   cp "$out/inventory.wasm" "$DIST/inventory.wasm"
   cp "$out/testkit.wasm" "$DIST/testkit.wasm"
   cp "$out/template_rust.wasm" "$DIST/template-rust.wasm"
+  # Two versions of one plugin for the hot-swap tests: the workspace build above is version a.
+  cp "$out/versioned.wasm" "$DIST/versioned-a.wasm"
+  cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml -p versioned --features v2
+  cp "$out/versioned.wasm" "$DIST/versioned-b.wasm"
 fi
 
 # -- Python (componentize-py, from PyPI) --------------------------------------------------------
@@ -154,6 +158,21 @@ if want c; then
   ensure_c_tools
   build_c inventory-c plugins/inventory-c/inventory.c
   build_c template-c plugins/templates/c/template.c
+fi
+
+# -- A component that traps while it is instantiated, for the hot-swap tests ----------------------
+# versioned-a plus one more core instance whose start function is `unreachable` (appended at the
+# end of the component, so no existing index moves): valid, fits the world, traps at start.
+if want rust && stale versioned-trap "$DIST/versioned-a.wasm" "$0"; then
+  ensure_python_tools
+  "$PY/bin/wasm-tools" print "$DIST/versioned-a.wasm" | python3 -c '
+import sys
+wat = sys.stdin.read().rstrip()
+assert wat.endswith(")"), "unexpected wasm-tools print output"
+boom = "(core module $boom (func $trap unreachable) (start $trap)) (core instance (instantiate $boom))"
+print(wat[:-1] + boom + ")")
+' | "$PY/bin/wasm-tools" parse -o "$DIST/versioned-trap.wasm"
+  stamp versioned-trap
 fi
 
 for w in "$DIST"/*.wasm; do

@@ -21,6 +21,11 @@ pub const CLAIM_SQL: &str = "INSERT INTO processed_message (consumer_name, messa
                              ON CONFLICT DO NOTHING \
                              RETURNING message_id";
 
+/// Records which plugin version applied the message, in the delivery's transaction.
+pub const RECORD_HANDLER_SQL: &str = "INSERT INTO processed_message_handler \
+                                      (consumer_name, message_id, plugin_digest) \
+                                      VALUES ($1, $2, $3)";
+
 /// What became of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -278,6 +283,16 @@ impl Claimer {
                 debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
             }
             return Err(failure);
+        }
+        let mut tx = tx;
+        if let Some(digest) = handler.digest() {
+            sqlx::query(RECORD_HANDLER_SQL)
+                .bind(&self.settings.consumer_name)
+                .bind(&msg.id)
+                .bind(digest)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| AttemptFailure::db("failed to record the plugin version", &e))?;
         }
         failpoint::hit("before_commit");
         tx.commit()

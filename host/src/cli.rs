@@ -1,5 +1,5 @@
 //! The `idemhost` command line: `run`, `migrate`, `publish` (a producer helper for scripts
-//! and demos), `health` and `plugin check`. Parsing lives here; every command calls the library.
+//! and demos), `health` and `plugin check | deploy | list | rollback` (in [`plugin`]). Parsing lives here; every command calls the library.
 
 use std::path::PathBuf;
 
@@ -7,6 +7,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, LogFormat};
+pub use plugin::PluginCommand;
+
+mod plugin;
 use crate::host::{Host, RunOptions};
 use crate::pg;
 
@@ -74,24 +77,10 @@ pub enum Command {
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
-    /// Work with plugin components.
+    /// Check, deploy (hot swap), list and roll back plugin components.
     Plugin {
         #[command(subcommand)]
         command: PluginCommand,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum PluginCommand {
-    /// Load a component exactly as `run` would — compile, check its imports and exports against
-    /// the `handler` world, instantiate it once under the limits — and print what it is
-    /// granted. Exits non-zero, naming the reason, when the host would refuse it.
-    Check {
-        /// The component file.
-        file: PathBuf,
-        /// The consumer's `memory_limit` to instantiate it under.
-        #[arg(long, default_value = "64MiB")]
-        memory_limit: String,
     },
 }
 
@@ -185,39 +174,17 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("{url}: 200 OK");
             Ok(())
         }
-        Command::Plugin {
-            command: PluginCommand::Check { file, memory_limit },
-        } => {
-            let memory = crate::config::parse_size(&memory_limit)
-                .map_err(|e| anyhow::anyhow!("--memory-limit: {e}"))?;
-            let mut runtime = crate::plugin::PluginRuntime::new()?;
-            // The same default cache `run` uses: a later start skips this compilation.
-            if let Some(dir) = crate::plugin::default_compile_cache_dir() {
-                let _ = runtime.set_compile_cache(Some(&dir));
-            }
-            let limits = crate::plugin::PluginLimits {
-                timeout: std::time::Duration::from_secs(5),
-                memory: memory as usize,
-            };
-            let h = runtime.load(&file, limits)?;
-            let info = h.load_info();
-            println!("{}: accepted", file.display());
-            println!("  digest       {}", h.digest());
-            println!("  size         {} bytes", info.size);
-            println!("  compiled in  {} ms", info.compile_time.as_millis());
-            let wasi = if info.wasi_imports.is_empty() {
-                "none".to_string()
-            } else {
-                info.wasi_imports.join(", ")
-            };
-            println!("  wasi imports {wasi}");
-            Ok(())
-        }
+        Command::Plugin { command } => plugin::execute(command).await,
     }
 }
 
-/// `http://<admin.listen>/readyz`, asking a wildcard listen address over loopback.
+/// `http://<admin.listen>/readyz`.
 fn readyz_url(config: &Config) -> anyhow::Result<String> {
+    Ok(format!("{}/readyz", admin_base_url(config)?))
+}
+
+/// `http://<admin.listen>`, asking a wildcard listen address over loopback.
+fn admin_base_url(config: &Config) -> anyhow::Result<String> {
     let listen = config
         .admin
         .listen
@@ -232,7 +199,7 @@ fn readyz_url(config: &Config) -> anyhow::Result<String> {
         std::net::IpAddr::V6(ip) => format!("[{ip}]"),
         ip => ip.to_string(),
     };
-    Ok(format!("http://{host}:{}/readyz", addr.port()))
+    Ok(format!("http://{host}:{}", addr.port()))
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).

@@ -22,6 +22,9 @@ pub struct Config {
     /// The admin HTTP endpoint.
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Hot swap: watching plugin files and the optional shared plugin store.
+    #[serde(default)]
+    pub plugins: PluginsConfig,
     /// One entry per logical consumer (`[[consumer]]`).
     #[serde(rename = "consumer", default)]
     pub consumers: Vec<ConsumerConfig>,
@@ -71,12 +74,76 @@ pub struct PostgresConfig {
     pub application_name: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
-    /// Address for `/healthz` and `/readyz` (e.g. `127.0.0.1:9464`); absent: no endpoint.
+    /// Address for `/healthz`, `/readyz` and `/plugins` (e.g. `127.0.0.1:9464`); absent: no
+    /// endpoint.
     #[serde(default)]
     pub listen: Option<String>,
+    /// Bearer token the mutating endpoints (plugin deploy and rollback) require. Absent: those
+    /// endpoints are disabled. Prefer `IDEMHOST_ADMIN__TOKEN` to writing it in the file.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Largest component a deploy request may upload.
+    #[serde(default = "default_max_upload")]
+    pub max_upload: Size,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: None,
+            token: None,
+            max_upload: default_max_upload(),
+        }
+    }
+}
+
+/// Where hot swaps come from besides the admin API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Swap a consumer's plugin when its `plugin` file is replaced (checked every
+    /// `watch_interval`; replace the file by an atomic rename).
+    #[serde(default = "default_true")]
+    pub watch: bool,
+    #[serde(default = "d_1s")]
+    pub watch_interval: Dur,
+    /// `"nats"`: follow the version pointers in a NATS KV bucket (`plugin deploy --store
+    /// nats`), so every replica swaps to the same digest; a pointer present at start-up wins
+    /// over the `plugin` file.
+    #[serde(default)]
+    pub store: Option<PluginStoreKind>,
+    /// Object Store bucket holding components by digest.
+    #[serde(default = "default_object_bucket")]
+    pub object_bucket: String,
+    /// KV bucket holding each consumer's current version pointer (key: the consumer name).
+    #[serde(default = "default_version_bucket")]
+    pub version_bucket: String,
+    /// Versions kept per consumer: the KV bucket's history and the list `/plugins` shows.
+    #[serde(default = "default_plugin_history")]
+    pub history: u32,
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig {
+            watch: true,
+            watch_interval: d_1s(),
+            store: None,
+            object_bucket: default_object_bucket(),
+            version_bucket: default_version_bucket(),
+            history: default_plugin_history(),
+        }
+    }
+}
+
+/// A shared plugin store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginStoreKind {
+    Nats,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -212,6 +279,16 @@ pub struct ConsumerConfig {
     /// become `_`).
     #[serde(default)]
     pub durable: Option<String>,
+}
+
+/// Whether `key` is a valid NATS KV key (the consumer name keys the plugin version pointer).
+pub fn is_kv_key(key: &str) -> bool {
+    !key.is_empty()
+        && !key.starts_with('.')
+        && !key.ends_with('.')
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c))
 }
 
 /// Longest message id accepted (bytes); longer ids are terminal.
@@ -371,6 +448,36 @@ impl Config {
                 );
             }
         }
+        if self
+            .admin
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return bad(
+                "admin.token".into(),
+                "must not be empty (omit it to disable deploys)",
+            );
+        }
+        let p = &self.plugins;
+        if p.watch_interval.0 < Duration::from_millis(10) {
+            return bad("plugins.watch_interval".into(), "must be at least 10ms");
+        }
+        for (key, bucket) in [
+            ("plugins.object_bucket", &p.object_bucket),
+            ("plugins.version_bucket", &p.version_bucket),
+        ] {
+            if bucket.is_empty()
+                || !bucket
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return bad(key.into(), "must be a bucket name (A-Z, a-z, 0-9, - and _)");
+            }
+        }
+        if p.history == 0 || p.history > 64 {
+            return bad("plugins.history".into(), "must be between 1 and 64");
+        }
         let mut names = HashSet::new();
         let mut durables = HashSet::new();
         for (i, c) in self.consumers.iter().enumerate() {
@@ -380,6 +487,13 @@ impl Config {
                 || c.name.chars().any(char::is_whitespace)
             {
                 return bad(key("name"), "must be 1-200 characters without whitespace");
+            }
+            if self.plugins.store.is_some() && !is_kv_key(&c.name) {
+                return bad(
+                    key("name"),
+                    "must be usable as a NATS KV key when plugins.store is set \
+                     (A-Z, a-z, 0-9, -, _, =, /, . and no leading or trailing '.')",
+                );
             }
             if !names.insert(c.name.clone()) {
                 return bad(key("name"), "is used by two consumers");
@@ -552,6 +666,24 @@ fn default_memory_limit() -> Size {
 }
 fn default_id_header() -> String {
     "Nats-Msg-Id".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_max_upload() -> Size {
+    Size(128 << 20)
+}
+fn default_object_bucket() -> String {
+    "idemhost-plugins".into()
+}
+fn default_version_bucket() -> String {
+    "idemhost-plugin-versions".into()
+}
+fn default_plugin_history() -> u32 {
+    16
+}
+fn d_1s() -> Dur {
+    Dur(Duration::from_secs(1))
 }
 fn d_5s() -> Dur {
     Dur(Duration::from_secs(5))

@@ -54,4 +54,11 @@ pub trait Handler: Send + Sync + 'static {
 
     /// A short description for logs (`wasm sha256:…` or a native handler's name).
     fn describe(&self) -> String;
+
+    /// The version recorded with each message this handler applies
+    /// (`processed_message_handler.plugin_digest`): a WASM plugin's `sha256:<hex>`. `None`
+    /// (native handlers, by default) records nothing.
+    fn digest(&self) -> Option<&str> {
+        None
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -11,10 +12,11 @@ use tracing::info;
 
 use crate::admin::{self, Readiness};
 use crate::claim::{ClaimSettings, Claimer};
-use crate::config::Config;
+use crate::config::{Config, PluginStoreKind};
 use crate::handler::Handler;
 use crate::pg;
 use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing};
+use crate::registry::{self, Registry, store::NatsStore};
 use crate::source;
 
 /// Start-up choices that are not part of the configuration file.
@@ -70,7 +72,7 @@ impl Host {
         }
         let readiness = Readiness::default();
         let _admin = match &config.admin.listen {
-            Some(listen) => Some(admin::serve(listen, readiness.clone()).await?),
+            Some(listen) => Some(admin::serve(listen, &config.admin, readiness.clone()).await?),
             None => None,
         };
         let pool = pg::connect(&config.postgres, config.postgres.max_connections).await?;
@@ -104,32 +106,6 @@ impl Host {
         } else {
             None
         };
-        let mut handlers: Vec<Arc<dyn Handler>> = Vec::new();
-        for c in &config.consumers {
-            let handler: Arc<dyn Handler> = match (native.get(&c.name), &c.plugin, &runtime) {
-                (Some(h), _, _) => h.clone(),
-                (None, Some(path), Some(rt)) => {
-                    let limits = PluginLimits {
-                        timeout: c.handler_timeout.0,
-                        memory: c.memory_limit.0 as usize,
-                    };
-                    let h = rt
-                        .load(path, limits)
-                        .with_context(|| format!("consumer {}", c.name))?;
-                    let load = h.load_info();
-                    info!(consumer = %c.name, plugin = %path.display(), digest = h.digest(), bytes = load.size,
-                        compile_ms = load.compile_time.as_millis() as u64, from_cache = load.from_cache,
-                        wasi = %load.wasi_imports.join(","), "plugin loaded");
-                    Arc::new(h)
-                }
-                _ => anyhow::bail!(
-                    "consumer {}: no `plugin` configured and no native handler registered",
-                    c.name
-                ),
-            };
-            handlers.push(handler);
-        }
-
         let nats_url = pg::redact_url(&config.nats.url);
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(config.nats.connect_timeout.0)
@@ -141,15 +117,102 @@ impl Host {
         let mut js = async_nats::jetstream::new(client.clone());
         js.set_timeout(config.nats.request_timeout.0);
 
+        let store = match (config.plugins.store, &runtime) {
+            (Some(PluginStoreKind::Nats), Some(_)) => {
+                Some(NatsStore::open(&js, &config.plugins).await?)
+            }
+            _ => None,
+        };
+        let runtime = runtime.map(Arc::new);
+        let mut registry = Registry::new(runtime.clone(), config.plugins.history as usize);
+        let mut watched = Vec::new();
+        for c in &config.consumers {
+            let limits = PluginLimits {
+                timeout: c.handler_timeout.0,
+                memory: c.memory_limit.0 as usize,
+            };
+            if let Some(h) = native.get(&c.name) {
+                registry.insert(&c.name, h.clone(), "native".into(), None);
+                continue;
+            }
+            let (Some(path), Some(rt)) = (&c.plugin, &runtime) else {
+                anyhow::bail!(
+                    "consumer {}: no `plugin` configured and no native handler registered",
+                    c.name
+                );
+            };
+            let from_store = match &store {
+                Some(store) => store.pointer(&c.name).await?.map(|p| (store, p)),
+                None => None,
+            };
+            let (h, source) = match from_store {
+                Some((store, pointer)) => {
+                    let bytes = store
+                        .fetch(&pointer.digest)
+                        .await
+                        .with_context(|| format!("consumer {}: the store's version", c.name))?;
+                    let origin = format!("nats:{}", config.plugins.object_bucket);
+                    let h = rt
+                        .load_bytes(&bytes, Path::new(&origin), limits)
+                        .with_context(|| format!("consumer {}", c.name))?;
+                    (h, origin)
+                }
+                None => {
+                    let bytes = std::fs::read(path).with_context(|| {
+                        format!(
+                            "consumer {}: failed to read plugin {}",
+                            c.name,
+                            path.display()
+                        )
+                    })?;
+                    let h = rt
+                        .load_bytes(&bytes, path, limits)
+                        .with_context(|| format!("consumer {}", c.name))?;
+                    if let Some(store) = &store {
+                        // Another replica may seed first; the store's watch then converges.
+                        let label = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                        store
+                            .seed(&c.name, &bytes, &label.unwrap_or_default())
+                            .await?;
+                    }
+                    (h, format!("file:{}", path.display()))
+                }
+            };
+            let load = h.load_info();
+            info!(consumer = %c.name, plugin = %source, digest = h.digest(), bytes = load.size,
+                compile_ms = load.compile_time.as_millis() as u64, from_cache = load.from_cache,
+                wasi = %load.wasi_imports.join(","), "plugin loaded");
+            registry.insert(&c.name, Arc::new(h), source, Some(limits));
+            watched.push((c.name.clone(), path.clone()));
+        }
+        let registry = Arc::new(registry);
+        readiness.set_registry(registry.clone());
+
         let mut runtimes = Vec::new();
-        for (c, handler) in config.consumers.iter().zip(handlers) {
+        for c in &config.consumers {
             let claimer = Claimer::new(pool.clone(), ClaimSettings::for_consumer(c));
-            let bound = source::bind(&js, c, claimer, handler).await?;
+            let slot = registry
+                .slot(&c.name)
+                .cloned()
+                .context("consumer missing from the plugin registry")?;
+            let bound = source::bind(&js, c, claimer, slot).await?;
             info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
             runtimes.push(Arc::new(bound));
         }
 
         let (stop_tx, stop_rx) = watch::channel(false);
+        let mut followers = Vec::new();
+        if config.plugins.watch && !watched.is_empty() {
+            followers.push(registry::watch::spawn(
+                registry.clone(),
+                watched,
+                config.plugins.watch_interval.0,
+                stop_rx.clone(),
+            ));
+        }
+        if let Some(store) = store {
+            followers.push(store.follow(registry.clone(), stop_rx.clone()));
+        }
         let drain = config.host.shutdown_timeout.0;
         let mut running = tokio::task::JoinSet::new();
         for rt in runtimes {
@@ -162,6 +225,9 @@ impl Host {
         info!("shutdown requested; finishing in-flight deliveries");
         let _ = stop_tx.send(true);
         while running.join_next().await.is_some() {}
+        for f in followers {
+            let _ = f.await;
+        }
         // Flush acks still buffered in the client before the process exits.
         if let Err(e) = client.flush().await {
             tracing::warn!(error = %e, "failed to flush NATS connection");

@@ -10,6 +10,8 @@
 //! - [`sql_gate`]: what handler SQL may do; parameter binding and value conversion.
 //! - [`plugin`]: WASM components — loading, validation, the compile cache, sandboxed
 //!   per-delivery instances.
+//! - [`registry`]: each consumer's current plugin version and the hot swap (admin API, file
+//!   watch, the shared NATS store, rollback).
 //! - [`handler`]: the [`Handler`] trait shared by plugins and native Rust handlers.
 //! - [`pg`]: the pool, migrations, and the one classification of database errors.
 //! - [`host`]: wiring it all together and running until shutdown.
@@ -32,6 +34,7 @@ pub mod histogram;
 pub mod host;
 pub mod pg;
 pub mod plugin;
+pub mod registry;
 pub mod source;
 pub mod sql_gate;
 pub mod txn;

@@ -496,7 +496,12 @@ impl WasmHandler {
     }
 }
 
+/// One line saying what went wrong: the trap's reason (`wasm \`unreachable\` instruction
+/// executed`) when it was a trap, else the error's first line.
 fn first_line(e: &wasmtime::Error) -> String {
+    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        return trap.to_string();
+    }
     let text = format!("{e:?}");
     text.lines().next().unwrap_or("").to_string()
 }
@@ -508,5 +513,9 @@ impl Handler for WasmHandler {
 
     fn describe(&self) -> String {
         format!("wasm {}", self.digest)
+    }
+
+    fn digest(&self) -> Option<&str> {
+        Some(&self.digest)
     }
 }

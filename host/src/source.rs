@@ -17,7 +17,8 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::claim::{Claimer, Outcome};
 use crate::config::{ConsumerConfig, MAX_MESSAGE_ID_BYTES};
 use crate::failpoint;
-use crate::handler::{Handler, Message};
+use crate::handler::Message;
+use crate::registry::Slot;
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry
 /// the original id while publishing under a fresh broker-level id.
@@ -43,7 +44,8 @@ pub struct ConsumerRuntime {
     client: async_nats::Client,
     consumer: Consumer<pull::Config>,
     claimer: Claimer,
-    handler: Arc<dyn Handler>,
+    /// The consumer's plugin slot: each delivery runs on the version current when it starts.
+    plugin: Arc<Slot>,
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
@@ -52,7 +54,7 @@ pub async fn bind(
     js: &jetstream::Context,
     config: &ConsumerConfig,
     claimer: Claimer,
-    handler: Arc<dyn Handler>,
+    plugin: Arc<Slot>,
 ) -> anyhow::Result<ConsumerRuntime> {
     let name = &config.name;
     let stream = if config.create_stream {
@@ -139,7 +141,7 @@ pub async fn bind(
         client: js.client(),
         consumer,
         claimer,
-        handler,
+        plugin,
     })
 }
 
@@ -268,7 +270,9 @@ impl ConsumerRuntime {
                 payload: msg.message.payload.clone(),
                 delivery_attempt: attempt,
             };
-            let processed = self.with_progress(&msg, self.claimer.process(self.handler.as_ref(), &message)).await;
+            // One version from here to the ack: a swap meanwhile affects only later deliveries.
+            let active = self.plugin.begin();
+            let processed = self.with_progress(&msg, self.claimer.process(active.handler.as_ref(), &message)).await;
             let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
             match &processed.outcome {
                 Outcome::Applied | Outcome::Duplicate => {

@@ -30,6 +30,7 @@ const ALLOWED_FIRST_WORDS: &[&str] = &[
 /// advisory locks stay on a pooled connection), and server-side file or process access.
 const REFUSED_WORDS: &[&str] = &[
     "processed_message",
+    "processed_message_handler",
     "set_config",
     "pg_advisory_lock",
     "pg_advisory_lock_shared",
@@ -353,6 +354,7 @@ mod tests {
             "select pg_advisory_lock(1)",
             "select pg_read_file('/etc/passwd')",
             "with d as (delete from processed_message returning 1) select 1",
+            "update processed_message_handler set plugin_digest = 'x'",
         ] {
             assert!(check(sql).is_err(), "{sql} should be refused");
         }

@@ -323,6 +323,21 @@ async fn native_handler_runs_through_the_same_pipeline() {
     get("/healthz").await.unwrap();
     let not_found = get("/nope").await.unwrap_err();
     assert!(not_found.contains("HTTP/1.1 404"), "{not_found}");
+    // A native handler is listed, and cannot be swapped.
+    let url = format!("http://{admin}/plugins");
+    let listed = idemhost::admin::http::request("GET", &url, &[], &[], Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        listed.body.contains("\"swappable\": false"),
+        "{}",
+        listed.body
+    );
+    assert!(
+        listed.body.contains("\"digest\": \"native:"),
+        "{}",
+        listed.body
+    );
     nats.publish(Some("evt-1"), &order_payload("evt-1", "sku-1", 2))
         .await;
     nats.publish(Some("evt-2"), &order_payload("evt-2", "sku-404", 1))

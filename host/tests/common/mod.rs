@@ -389,21 +389,23 @@ impl RunningHost {
 /// A host configuration for one consumer of `nats`'s stream on `env`'s schema, with the given
 /// extra consumer keys.
 pub fn config(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &str) -> Config {
-    let text = format!(
+    parse_config(&config_text(env, nats, name, plugin, extra))
+}
+
+/// The TOML of [`config`]; top-level tables (`[admin]`, `[plugins]`) may be appended.
+pub fn config_text(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &str) -> String {
+    format!(
         "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\n\n[[consumer]]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{extra}\n",
         env.postgres_toml(),
         nats.stream,
         nats.subject(),
         plugin_path(plugin).display(),
         nats.dlq(),
-    );
-    Config::from_toml(
-        &text,
-        std::iter::empty(),
-        "test.toml".as_ref(),
-        ".".as_ref(),
     )
-    .unwrap()
+}
+
+pub fn parse_config(text: &str) -> Config {
+    Config::from_toml(text, std::iter::empty(), "test.toml".as_ref(), ".".as_ref()).unwrap()
 }
 
 /// A private `nats-server` with JetStream on a free port and its own store directory, for
