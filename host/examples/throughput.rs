@@ -15,19 +15,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream;
 use idemhost::baseline::NativeInventory;
 use idemhost::{
-    ClaimSettings, Claimer, Config, HandleFuture, Handler, Host, Isolation, Message, PluginLimits,
+    ClaimSettings, Claimer, HandleFuture, Handler, Host, Isolation, Message, PluginLimits,
     PluginRuntime, TxHandle,
 };
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
-const PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
-const NATS_URL: &str = "nats://127.0.0.1:4222";
-const SCHEMA: &str = "bench_throughput";
-const CONSUMER: &str = "inventory-reservation-v1";
+#[path = "bench_common/mod.rs"]
+mod bench_common;
+use bench_common::*;
 
 struct Args {
     n: usize,
@@ -67,127 +64,6 @@ fn args() -> Args {
     a
 }
 
-/// utime + stime of this process.
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Duration::from_millis(ticks * 1000 / 100)
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
-
-async fn reset_schema() -> PgPool {
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(PG_URL)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"
-    )))
-    .execute(&admin)
-    .await
-    .unwrap();
-    admin.close().await;
-    let options = idemhost::pg::connect_options(PG_URL, Some(SCHEMA), "bench").unwrap();
-    let pool = PgPoolOptions::new()
-        .max_connections(20)
-        .connect_with(options)
-        .await
-        .unwrap();
-    idemhost::pg::migrate(&pool, Some(SCHEMA)).await.unwrap();
-    sqlx::raw_sql(include_str!(
-        "../../examples/order-flow/migrations/0001_inventory.sql"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(1, 1000) g",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool
-}
-
-async fn publish_all(js: &jetstream::Context, n: usize) {
-    let _ = js.delete_stream("BENCH").await;
-    let _ = js.delete_stream("BENCH_DLQ").await;
-    js.create_stream(stream::Config {
-        name: "BENCH".into(),
-        subjects: vec!["bench.orders".into()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    js.create_stream(stream::Config {
-        name: "BENCH_DLQ".into(),
-        subjects: vec!["bench.dlq".into()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut pending = Vec::new();
-    for i in 0..n {
-        let id = format!("evt-{i}");
-        let payload = format!(
-            r#"{{"id":"{id}","orderId":"order-{i}","sku":"sku-{}","quantity":1}}"#,
-            1 + i % 1000
-        );
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", id.as_str());
-        pending.push(
-            js.publish_with_headers("bench.orders", headers, payload.into_bytes().into())
-                .await
-                .unwrap(),
-        );
-        if pending.len() >= 512 {
-            for p in pending.drain(..) {
-                p.await.unwrap();
-            }
-        }
-    }
-    for p in pending {
-        p.await.unwrap();
-    }
-}
-
-fn config(in_flight: u32, plugin: Option<String>) -> Config {
-    let plugin = plugin
-        .map(|p| format!("plugin = \"{p}\"\n"))
-        .unwrap_or_default();
-    let text = format!(
-        "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
-         [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\n{plugin}\
-         max_in_flight = {in_flight}\ndead_letter_subject = \"bench.dlq\"\n",
-        in_flight + 2
-    );
-    Config::from_toml(
-        &text,
-        std::iter::empty(),
-        "bench.toml".as_ref(),
-        ".".as_ref(),
-    )
-    .unwrap()
-}
-
 async fn end_to_end(
     args: &Args,
     handler: &str,
@@ -201,7 +77,7 @@ async fn end_to_end(
         other => other.strip_prefix("wasm:"),
     };
     let plugin = component.map(|name| format!("{}/{name}.wasm", args.plugin_dir));
-    let mut host = Host::new(config(in_flight, plugin));
+    let mut host = Host::new(config(in_flight, plugin, ""));
     if handler == "native" {
         host = host.with_handler(CONSUMER, Arc::new(NativeInventory));
     }

@@ -118,18 +118,22 @@ async fn admin(method: &str, url: &str, token: Option<&str>, body: &[u8]) -> Res
 }
 
 async fn current_digest(base: &str) -> String {
-    let r = admin("GET", &format!("{base}/plugins"), None, &[]).await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    let report: serde_json::Value = serde_json::from_str(&r.body).unwrap();
-    report["consumers"][0]["current"]["digest"]
+    report(base).await["consumers"][0]["current"]["digest"]
         .as_str()
         .unwrap()
         .to_string()
 }
 
 async fn report(base: &str) -> serde_json::Value {
-    let r = admin("GET", &format!("{base}/plugins"), None, &[]).await;
-    serde_json::from_str(&r.body).unwrap()
+    try_report(base).await.expect("GET /plugins")
+}
+
+/// `GET /plugins`, parsed; `None` while the host does not answer.
+async fn try_report(base: &str) -> Option<serde_json::Value> {
+    let body = http::get(&format!("{base}/plugins"), Duration::from_secs(5))
+        .await
+        .ok()?;
+    serde_json::from_str(&body).ok()
 }
 
 fn admin_top(port: u16, token: Option<&str>) -> String {
@@ -156,16 +160,9 @@ impl InProcess {
         let host = RunningHost::start(idemhost::Host::new(config));
         let base = format!("http://127.0.0.1:{port}");
         wait_until(Duration::from_secs(60), "the host to load", || async {
-            http::request(
-                "GET",
-                &format!("{base}/plugins"),
-                &[],
-                &[],
-                Duration::from_secs(5),
-            )
-            .await
-            .ok()
-            .filter(|r| r.status == 200)
+            http::get(&format!("{base}/plugins"), Duration::from_secs(5))
+                .await
+                .ok()
         })
         .await;
         InProcess {
@@ -340,6 +337,13 @@ async fn bad_components_are_refused_and_rollback_restores_the_previous_digest() 
         "{refusal}"
     );
 
+    // The CLI says why the host refused, and exits non-zero.
+    let (ok, out) = cli_deploy(&base, "versioned-trap");
+    assert!(
+        !ok && out.contains("422") && out.contains("unreachable"),
+        "{out}"
+    );
+
     let r = admin(
         "POST",
         &format!("{base}/plugins?consumer=swap-v2"),
@@ -357,7 +361,14 @@ async fn bad_components_are_refused_and_rollback_restores_the_previous_digest() 
         ("rollback", &digest_b, "b"),
     ] {
         let r = match step {
-            "deploy" => admin("POST", &deploy, Some(TOKEN), &b).await,
+            "deploy" => {
+                let (ok, out) = cli_deploy(&base, "versioned-b");
+                assert!(
+                    ok && out.contains(&format!("{digest_a} -> {digest_b}")),
+                    "{out}"
+                );
+                admin("GET", &format!("{base}/plugins"), None, &[]).await
+            }
             _ => {
                 admin(
                     "POST",
@@ -390,6 +401,11 @@ async fn bad_components_are_refused_and_rollback_restores_the_previous_digest() 
     assert_eq!(
         report(&base).await["consumers"][0]["history"][1]["source"],
         "rollback"
+    );
+    let (ok, listed) = cli_run(&["list", "--url", &base]);
+    assert!(
+        ok && listed.contains(&format!("current {digest_b}  rollback")),
+        "{listed}"
     );
     nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
     assert_exactly_once(&env, sent as i64, &digest_a, &digest_b).await;
@@ -512,12 +528,12 @@ fn spawn_host(config: &Path, dir: &Path, n: usize) -> HostProcess {
     }
 }
 
-fn cli(args: &[&str], config: &Path) -> String {
+/// `idemhost plugin ARGS...`: whether it exited 0, and its stdout and stderr.
+fn cli_run(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
-        .args(["plugin"])
+        .arg("plugin")
         .args(args)
-        .arg("--config")
-        .arg(config)
+        .env_remove("IDEMHOST_ADMIN__TOKEN")
         .output()
         .unwrap();
     let text = format!(
@@ -525,7 +541,30 @@ fn cli(args: &[&str], config: &Path) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "idemhost plugin {args:?}: {text}");
+    (out.status.success(), text)
+}
+
+/// `idemhost plugin deploy` of a component from plugins/dist to the host at `base`.
+fn cli_deploy(base: &str, component: &str) -> (bool, String) {
+    let path = plugin_path(component);
+    let path = path.to_str().unwrap();
+    cli_run(&[
+        "deploy",
+        "--url",
+        base,
+        "--token",
+        TOKEN,
+        "--consumer",
+        CONSUMER,
+        path,
+    ])
+}
+
+/// `idemhost plugin ARGS... --config CONFIG`, which must succeed; its output.
+fn cli(args: &[&str], config: &Path) -> String {
+    let config = config.to_str().unwrap();
+    let (ok, text) = cli_run(&[args, &["--config", config]].concat());
+    assert!(ok, "idemhost plugin {args:?}: {text}");
     text
 }
 
@@ -537,16 +576,7 @@ async fn converge(hosts: &[HostProcess], digest: &str) -> Duration {
             Duration::from_secs(30),
             "a host to follow the store",
             || async {
-                let r = http::request(
-                    "GET",
-                    &format!("{}/plugins", h.base),
-                    &[],
-                    &[],
-                    Duration::from_secs(5),
-                )
-                .await
-                .ok()?;
-                let report: serde_json::Value = serde_json::from_str(&r.body).ok()?;
+                let report = try_report(&h.base).await?;
                 (report["consumers"][0]["current"]["digest"] == digest).then_some(())
             },
         )

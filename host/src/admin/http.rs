@@ -247,6 +247,11 @@ pub async fn request_ok(
     }
 }
 
+/// GETs `url`: the body of a 200, else an error quoting the answer.
+pub async fn get(url: &str, timeout: Duration) -> Result<String, String> {
+    request_ok("GET", url, &[], &[], timeout).await
+}
+
 fn parse_response(raw: &[u8]) -> Option<Response> {
     let end = find(raw, b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&raw[..end]);

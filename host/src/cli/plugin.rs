@@ -156,15 +156,9 @@ pub async fn execute(command: PluginCommand) -> anyhow::Result<()> {
                 Some(PluginStoreKind::Nats) => list_store(&target, config.as_ref(), consumer).await,
                 None => {
                     let (url, _) = target.admin(config.as_ref())?;
-                    let body = http::request_ok(
-                        "GET",
-                        &format!("{url}/plugins"),
-                        &[],
-                        &[],
-                        target.timeout,
-                    )
-                    .await
-                    .map_err(|e| anyhow::anyhow!(e))?;
+                    let body = http::get(&format!("{url}/plugins"), target.timeout)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(e))?;
                     if json {
                         println!("{}", body.trim());
                     } else {

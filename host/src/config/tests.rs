@@ -1,0 +1,180 @@
+//! Parsing, overrides and validation of the configuration, with errors that name the key.
+
+use super::*;
+
+const SAMPLE: &str = r#"
+    [nats]
+    url = "nats://127.0.0.1:4222"
+    [admin]
+    listen = "127.0.0.1:9464"
+    [postgres]
+    url = "postgres://root@127.0.0.1:5432/test"
+    [[consumer]]
+    name = "inventory-reservation-v1"
+    stream = "ORDERS"
+    subjects = ["orders.placed"]
+    plugin = "plugins/inventory.wasm"
+    isolation = "serializable"
+    backoff = ["100ms", "1s"]
+    memory_limit = "32MiB"
+"#;
+
+fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    Config::from_toml(
+        text,
+        env,
+        Path::new("test.toml"),
+        Path::new("/etc/idemhost"),
+    )
+}
+
+#[test]
+fn sample_parses_with_defaults() {
+    let c = parse(SAMPLE, &[]).unwrap();
+    let con = &c.consumers[0];
+    assert_eq!(con.isolation, Isolation::Serializable);
+    assert_eq!(con.memory_limit, Size(32 << 20));
+    assert_eq!(con.max_in_flight, 16);
+    assert_eq!(con.backoff_for(1), Duration::from_millis(100));
+    assert_eq!(con.backoff_for(9), Duration::from_secs(1));
+    assert_eq!(
+        con.plugin.as_deref(),
+        Some(Path::new("/etc/idemhost/plugins/inventory.wasm"))
+    );
+    assert_eq!(con.dead_letter_subject(), "dlq.inventory-reservation-v1");
+    assert_eq!(con.statement_timeout(), Duration::from_secs(5));
+}
+
+/// `host.compile_cache`: a relative path resolves against the config's directory, `"off"`
+/// disables it (also from the environment), and the default is the user's cache directory.
+#[test]
+fn compile_cache_resolves_or_turns_off() {
+    let with = |value: &str| {
+        SAMPLE.replace(
+            "[postgres]",
+            &format!("[host]\ncompile_cache = \"{value}\"\n[postgres]"),
+        )
+    };
+    let c = parse(&with("cache/components"), &[]).unwrap();
+    assert_eq!(
+        c.host.compile_cache_dir().as_deref(),
+        Some(Path::new("/etc/idemhost/cache/components"))
+    );
+    assert_eq!(
+        parse(&with("off"), &[]).unwrap().host.compile_cache_dir(),
+        None
+    );
+    let off_by_env = parse(SAMPLE, &[("IDEMHOST_HOST__COMPILE_CACHE", "off")]).unwrap();
+    assert_eq!(off_by_env.host.compile_cache_dir(), None);
+    let default = parse(SAMPLE, &[]).unwrap().host.compile_cache_dir();
+    assert_eq!(default, crate::plugin::default_compile_cache_dir());
+}
+
+#[test]
+fn env_overrides_reach_nested_and_listed_keys() {
+    let c = parse(
+        SAMPLE,
+        &[
+            ("IDEMHOST_POSTGRES__URL", "postgres://app@db/app"),
+            ("IDEMHOST_CONSUMER__0__MAX_IN_FLIGHT", "4"),
+            ("IDEMHOST_CONSUMER__0__HANDLER_TIMEOUT", "250ms"),
+            ("IDEMHOST_LOG", "ignored: no double underscore"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.postgres.url, "postgres://app@db/app");
+    assert_eq!(c.consumers[0].max_in_flight, 4);
+    assert_eq!(
+        c.consumers[0].handler_timeout,
+        Dur(Duration::from_millis(250))
+    );
+}
+
+#[test]
+fn errors_name_the_key() {
+    let err = parse(
+        &SAMPLE.replace("isolation = \"serializable\"", "isolation = \"chaos\""),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("isolation") || err.contains("chaos"), "{err}");
+    let err = parse(
+        &SAMPLE.replace("memory_limit = \"32MiB\"", "memory_limit = \"lots\""),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("invalid size \"lots\""), "{err}");
+    let err = parse(&format!("{SAMPLE}\nmax_in_flight = 0\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("consumer[0].max_in_flight"), "{err}");
+    let err = parse(&format!("{SAMPLE}\nsurprise = 1\n"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("surprise"), "{err}");
+    let err = parse(
+        &SAMPLE.replace("[postgres]", "[host]\nlog_format = \"xml\"\n[postgres]"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("log_format") && err.contains("unknown variant `xml`"),
+        "{err}"
+    );
+    let err = parse(SAMPLE, &[("IDEMHOST_CONSUMER__3__NAME", "x")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("IDEMHOST_CONSUMER__3__NAME") && err.contains("out of range"),
+        "{err}"
+    );
+}
+
+#[test]
+fn hot_swap_keys_have_defaults_and_are_validated() {
+    let c = parse(SAMPLE, &[]).unwrap();
+    assert!(c.plugins.watch && c.plugins.store.is_none());
+    assert_eq!(c.plugins.watch_interval.0, Duration::from_secs(1));
+    assert_eq!(c.plugins.version_bucket, "idemhost-plugin-versions");
+    assert_eq!(c.admin.token, None);
+    assert_eq!(c.admin.max_upload.0, 128 << 20);
+    let with = |top: &str| SAMPLE.replace("[postgres]", &format!("{top}\n[postgres]"));
+    let c = parse(
+        &with("[plugins]\nstore = \"nats\"\nhistory = 4"),
+        &[("IDEMHOST_ADMIN__TOKEN", "s3cret")],
+    )
+    .unwrap();
+    assert_eq!(c.plugins.store, Some(PluginStoreKind::Nats));
+    assert_eq!(c.admin.token.as_deref(), Some("s3cret"));
+    for (top, key) in [
+        ("[plugins]\nhistory = 0", "plugins.history"),
+        (
+            "[plugins]\nversion_bucket = \"a.b\"",
+            "plugins.version_bucket",
+        ),
+        (
+            "[plugins]\nwatch_interval = \"1ms\"",
+            "plugins.watch_interval",
+        ),
+        ("[plugins]\nstore = \"s3\"", "store"),
+    ] {
+        let err = parse(&with(top), &[]).unwrap_err().to_string();
+        assert!(err.contains(key), "{top}: {err}");
+    }
+    let err = parse(SAMPLE, &[("IDEMHOST_ADMIN__TOKEN", " ")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("admin.token"), "{err}");
+    // With the shared store, the consumer name keys the KV pointer.
+    let odd = with("[plugins]\nstore = \"nats\"").replace("inventory-reservation-v1", "inv:v1");
+    let err = parse(&odd, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("consumer[0].name") && err.contains("KV key"),
+        "{err}"
+    );
+    assert!(is_kv_key("inventory-reservation-v1") && !is_kv_key(".x") && !is_kv_key("a b"));
+}
