@@ -225,8 +225,9 @@ impl Host {
         info!("shutdown requested; finishing in-flight deliveries");
         let _ = stop_tx.send(true);
         while running.join_next().await.is_some() {}
+        // A swap still validating is abandoned: it only takes effect when installed.
         for f in followers {
-            let _ = f.await;
+            f.abort();
         }
         // Flush acks still buffered in the client before the process exits.
         if let Err(e) = client.flush().await {
