@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
 use crate::config::AdminConfig;
+use crate::metrics::Metrics;
 use crate::registry::{DeployError, Registry};
 use http::{ReadError, Request};
 
@@ -32,6 +33,8 @@ pub struct Readiness {
     deps: Arc<OnceLock<(async_nats::Client, sqlx::PgPool)>>,
     /// The plugins `/plugins` lists and deploys swap, once loaded.
     registry: Arc<OnceLock<Arc<Registry>>>,
+    /// What `/metrics` exposes.
+    metrics: Arc<OnceLock<Arc<Metrics>>>,
 }
 
 impl Readiness {
@@ -51,6 +54,11 @@ impl Readiness {
     /// The plugin registry `/plugins` serves.
     pub fn set_registry(&self, registry: Arc<Registry>) {
         let _ = self.registry.set(registry);
+    }
+
+    /// The metrics `/metrics` exposes.
+    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
     }
 
     /// `Ok` when ready, else why not.
@@ -169,6 +177,14 @@ async fn route(request: Request, readiness: &Readiness, settings: &Settings) -> 
         ("GET", "/readyz") => match readiness.check().await {
             Ok(()) => text("200 OK", "ready"),
             Err(why) => text("503 Service Unavailable", format!("not ready: {why}")),
+        },
+        ("GET", "/metrics") => match readiness.metrics.get() {
+            Some(metrics) => (
+                "200 OK",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                metrics.render(readiness.registry.get()).into_bytes(),
+            ),
+            None => text("503 Service Unavailable", "metrics not set up yet"),
         },
         ("GET", "/plugins") => match readiness.registry.get() {
             Some(registry) => match serde_json::to_vec_pretty(&registry.report()) {

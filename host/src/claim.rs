@@ -73,6 +73,15 @@ pub struct Processed {
     pub claim_time: Duration,
     /// BEGIN to COMMIT/ROLLBACK of the last attempt.
     pub tx_time: Duration,
+    /// The handler call of the last attempt (none for a duplicate or a failed claim).
+    pub handler_time: Option<Duration>,
+}
+
+/// Where an attempt's time went.
+#[derive(Default)]
+struct Timing {
+    claim: Duration,
+    handler: Option<Duration>,
 }
 
 /// Per-consumer settings of the transaction.
@@ -160,12 +169,17 @@ impl Claimer {
         loop {
             let started = Instant::now();
             let span = info_span!("idemhost.claim", tx_attempt = attempt);
-            let (result, claim_time) = self.attempt(handler, msg).instrument(span).await;
+            let mut timing = Timing::default();
+            let result = self
+                .attempt(handler, msg, &mut timing)
+                .instrument(span)
+                .await;
             let done = |outcome| Processed {
                 outcome,
                 tx_attempts: attempt,
-                claim_time,
+                claim_time: timing.claim,
                 tx_time: started.elapsed(),
+                handler_time: timing.handler,
             };
             match result {
                 Ok(outcome) => return done(outcome),
@@ -204,28 +218,21 @@ impl Claimer {
         &self,
         handler: &dyn Handler,
         msg: &Message,
-    ) -> (Result<Outcome, AttemptFailure>, Duration) {
-        let mut tx = match self
+        timing: &mut Timing,
+    ) -> Result<Outcome, AttemptFailure> {
+        let mut tx = self
             .pool
             .begin_with(AssertSqlSafe(self.begin_sql.clone()))
             .await
-        {
-            Ok(tx) => tx,
-            Err(e) => {
-                return (
-                    Err(AttemptFailure::db("failed to begin transaction", &e)),
-                    Duration::ZERO,
-                );
-            }
-        };
+            .map_err(|e| AttemptFailure::db("failed to begin transaction", &e))?;
         let claim_started = Instant::now();
         let claimed = sqlx::query(CLAIM_SQL)
             .bind(&self.settings.consumer_name)
             .bind(&msg.id)
             .fetch_optional(&mut *tx)
             .await;
-        let claim_time = claim_started.elapsed();
-        let result = match claimed {
+        timing.claim = claim_started.elapsed();
+        match claimed {
             Err(e) => Err(AttemptFailure::db("failed to claim marker", &e)),
             Ok(None) => tx
                 .commit()
@@ -234,10 +241,10 @@ impl Claimer {
                 .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e)),
             Ok(Some(_)) => {
                 failpoint::hit("after_claim");
-                self.run_handler(handler, msg, TxHandle::new(tx)).await
+                self.run_handler(handler, msg, TxHandle::new(tx), timing)
+                    .await
             }
-        };
-        (result, claim_time)
+        }
     }
 
     /// Runs the handler on the claimed transaction and commits or rolls back.
@@ -246,9 +253,12 @@ impl Claimer {
         handler: &dyn Handler,
         msg: &Message,
         handle: TxHandle,
+        timing: &mut Timing,
     ) -> Result<Outcome, AttemptFailure> {
         let span = info_span!("idemhost.plugin.handle");
+        let started = Instant::now();
         let result = handler.handle(&handle, msg).instrument(span).await;
+        timing.handler = Some(started.elapsed());
         let (tx, poison) = handle.take().await;
         let Some(tx) = tx else {
             return Err(AttemptFailure {

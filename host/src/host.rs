@@ -14,6 +14,7 @@ use crate::admin::{self, Readiness};
 use crate::claim::{ClaimSettings, Claimer};
 use crate::config::{Config, PluginStoreKind};
 use crate::handler::Handler;
+use crate::metrics::Metrics;
 use crate::pg;
 use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing};
 use crate::registry::{self, Registry, store::NatsStore};
@@ -71,6 +72,8 @@ impl Host {
             );
         }
         let readiness = Readiness::default();
+        let metrics = Arc::new(Metrics::new());
+        readiness.set_metrics(metrics.clone());
         let _admin = match &config.admin.listen {
             Some(listen) => Some(admin::serve(listen, &config.admin, readiness.clone()).await?),
             None => None,
@@ -195,7 +198,7 @@ impl Host {
                 .slot(&c.name)
                 .cloned()
                 .context("consumer missing from the plugin registry")?;
-            let bound = source::bind(&js, c, claimer, slot).await?;
+            let bound = source::bind(&js, c, claimer, slot, metrics.clone()).await?;
             info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
             runtimes.push(Arc::new(bound));
         }

@@ -15,7 +15,8 @@
 //! - [`handler`]: the [`Handler`] trait shared by plugins and native Rust handlers.
 //! - [`pg`]: the pool, migrations, and the one classification of database errors.
 //! - [`host`]: wiring it all together and running until shutdown.
-//! - [`admin`]: `/healthz` and `/readyz` for orchestrators.
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/plugins` (deploy, rollback).
+//! - [`metrics`]: the Prometheus metrics.
 //! - [`cli`]: the `idemhost` command line.
 //! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
 //! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
@@ -32,6 +33,7 @@ pub mod failpoint;
 pub mod handler;
 pub mod histogram;
 pub mod host;
+pub mod metrics;
 pub mod pg;
 pub mod plugin;
 pub mod registry;

@@ -18,6 +18,7 @@ use crate::claim::{Claimer, Outcome};
 use crate::config::{ConsumerConfig, MAX_MESSAGE_ID_BYTES};
 use crate::failpoint;
 use crate::handler::Message;
+use crate::metrics::Metrics;
 use crate::registry::Slot;
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry
@@ -46,6 +47,7 @@ pub struct ConsumerRuntime {
     claimer: Claimer,
     /// The consumer's plugin slot: each delivery runs on the version current when it starts.
     plugin: Arc<Slot>,
+    metrics: Arc<Metrics>,
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
@@ -55,6 +57,7 @@ pub async fn bind(
     config: &ConsumerConfig,
     claimer: Claimer,
     plugin: Arc<Slot>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<ConsumerRuntime> {
     let name = &config.name;
     let stream = if config.create_stream {
@@ -142,6 +145,7 @@ pub async fn bind(
         consumer,
         claimer,
         plugin,
+        metrics,
     })
 }
 
@@ -230,13 +234,16 @@ impl ConsumerRuntime {
 
     /// Handles one delivery start to finish and settles it with the broker.
     async fn settle(&self, msg: jetstream::Message) {
-        let (attempt, stream_seq) = match msg.info() {
+        let (attempt, stream_seq, stored_ns) = match msg.info() {
             Ok(info) => (
                 u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
                 info.stream_sequence,
+                Some(info.published.unix_timestamp_nanos()),
             ),
-            Err(_) => (1, 0),
+            Err(_) => (1, 0, None),
         };
+        let consumer = self.config.name.as_str();
+        self.metrics.started(consumer, attempt);
         let headers = msg.message.headers.clone().unwrap_or_default();
         let event_type = header(&headers, EVENT_TYPE_HEADER);
         let trace_id =
@@ -257,6 +264,8 @@ impl ConsumerRuntime {
             let id = match id {
                 Ok(id) => id,
                 Err(reason) => {
+                    let event = event_type.as_deref().unwrap_or(msg.message.subject.as_str());
+                    self.metrics.settled(consumer, event, "terminal_failure", None);
                     warn!(outcome = "terminal_failure", %reason, "delivery refused");
                     self.dead_letter(&msg, None, stream_seq, &reason, attempt).await;
                     return;
@@ -273,12 +282,18 @@ impl ConsumerRuntime {
             // One version from here to the ack: a swap meanwhile affects only later deliveries.
             let active = self.plugin.begin();
             let processed = self.with_progress(&msg, self.claimer.process(active.handler.as_ref(), &message)).await;
+            self.metrics.settled(consumer, message.event_type_or_subject(), processed.outcome.label(), Some(&processed));
             let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
             match &processed.outcome {
                 Outcome::Applied | Outcome::Duplicate => {
                     failpoint::hit("after_commit_before_ack");
                     match self.confirmed(&msg, AckKind::Ack).await {
-                        Ok(()) => info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done"),
+                        Ok(()) => {
+                            if let Some(age) = stored_ns.and_then(since) {
+                                self.metrics.acked(consumer, age);
+                            }
+                            info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done")
+                        }
                         // The marker is committed: a redelivery will be a duplicate.
                         Err(e) => warn!(outcome = processed.outcome.label(), error = %e, "ack not confirmed; redelivery will be a duplicate"),
                     }
@@ -383,6 +398,7 @@ impl ConsumerRuntime {
                 if ack.duplicate {
                     info!(dead_letter_subject = %subject, "already dead-lettered");
                 }
+                self.metrics.dead_lettered(&self.config.name);
                 if let Err(e) = self.confirmed(msg, AckKind::Term).await {
                     warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
                 } else {
@@ -397,6 +413,15 @@ impl ConsumerRuntime {
             }
         }
     }
+}
+
+/// Time since `unix_ns` (nanoseconds since the epoch), if it is in the past.
+fn since(unix_ns: i128) -> Option<Duration> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos() as i128;
+    u64::try_from(now - unix_ns).ok().map(Duration::from_nanos)
 }
 
 /// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.
