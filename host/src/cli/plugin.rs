@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
 use crate::admin::http;
-use crate::config::{Config, PluginStoreKind, PluginsConfig};
+use crate::config::{Config, PluginStoreKind};
 use crate::plugin::{PluginLimits, PluginRuntime, WasmHandler, default_compile_cache_dir};
 use crate::registry::store::NatsStore;
 
@@ -334,9 +334,7 @@ async fn list_store(
         Some(c) => vec![c],
         None => store.consumers().await?,
     };
-    let bucket = config
-        .map(|c| c.plugins.clone())
-        .unwrap_or_else(PluginsConfig::default);
+    let bucket = config.map(|c| c.plugins.clone()).unwrap_or_default();
     println!("store {} / {}", bucket.version_bucket, bucket.object_bucket);
     for name in names {
         println!("{name}");
