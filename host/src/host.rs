@@ -198,7 +198,7 @@ impl Host {
                 .slot(&c.name)
                 .cloned()
                 .context("consumer missing from the plugin registry")?;
-            let bound = source::bind(&js, c, claimer, slot, metrics.clone()).await?;
+            let bound = source::bind(&js, c, claimer, slot, &metrics).await?;
             info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
             runtimes.push(Arc::new(bound));
         }

@@ -142,69 +142,25 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    fn consumer(consumer: &str) -> ConsumerLabels {
-        ConsumerLabels {
+    /// One consumer's handles, resolved once (at bind) so a delivery records without
+    /// building label sets or looking them up.
+    pub fn for_consumer(&self, consumer: &str) -> ConsumerMetrics {
+        let labels = ConsumerLabels {
             consumer: consumer.to_string(),
+        };
+        ConsumerMetrics {
+            consumer: consumer.to_string(),
+            deliveries: self.deliveries.clone(),
+            transaction: self.transaction.get_or_create_owned(&labels),
+            claim: self.claim.get_or_create_owned(&labels),
+            handler: self.handler.get_or_create_owned(&labels),
+            end_to_end: self.end_to_end.get_or_create_owned(&labels),
+            slow_claims: self.slow_claims.get_or_create_owned(&labels),
+            tx_retries: self.tx_retries.get_or_create_owned(&labels),
+            redeliveries: self.redeliveries.get_or_create_owned(&labels),
+            dead_letters: self.dead_letters.get_or_create_owned(&labels),
+            in_flight: self.in_flight.get_or_create_owned(&labels),
         }
-    }
-
-    /// A delivery started (`attempt` as the broker counts it).
-    pub fn started(&self, consumer: &str, attempt: u32) {
-        let labels = Self::consumer(consumer);
-        self.in_flight.get_or_create(&labels).inc();
-        if attempt > 1 {
-            self.redeliveries.get_or_create(&labels).inc();
-        }
-    }
-
-    /// A delivery ended; `outcome` is its label (refused ids count as `terminal_failure`).
-    pub fn settled(
-        &self,
-        consumer: &str,
-        event_type: &str,
-        outcome: &str,
-        processed: Option<&Processed>,
-    ) {
-        let labels = Self::consumer(consumer);
-        self.in_flight.get_or_create(&labels).dec();
-        self.deliveries
-            .get_or_create(&DeliveryLabels {
-                consumer: consumer.to_string(),
-                event_type: event_type.to_string(),
-                outcome: outcome.to_string(),
-            })
-            .inc();
-        let Some(p) = processed else { return };
-        self.transaction
-            .get_or_create(&labels)
-            .observe(p.tx_time.as_secs_f64());
-        self.claim
-            .get_or_create(&labels)
-            .observe(p.claim_time.as_secs_f64());
-        if let Some(h) = p.handler_time {
-            self.handler.get_or_create(&labels).observe(h.as_secs_f64());
-        }
-        if p.claim_time > SLOW_CLAIM {
-            self.slow_claims.get_or_create(&labels).inc();
-        }
-        if p.tx_attempts > 1 {
-            self.tx_retries
-                .get_or_create(&labels)
-                .inc_by(u64::from(p.tx_attempts - 1));
-        }
-    }
-
-    /// An acked delivery's age since the stream stored it.
-    pub fn acked(&self, consumer: &str, since_stored: Duration) {
-        self.end_to_end
-            .get_or_create(&Self::consumer(consumer))
-            .observe(since_stored.as_secs_f64());
-    }
-
-    pub fn dead_lettered(&self, consumer: &str) {
-        self.dead_letters
-            .get_or_create(&Self::consumer(consumer))
-            .inc();
     }
 
     /// The exposition, with the plugin versions `plugins` runs now.
@@ -224,5 +180,63 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// One consumer's metrics (clones share the process's series).
+pub struct ConsumerMetrics {
+    consumer: String,
+    deliveries: Family<DeliveryLabels, Counter>,
+    transaction: Histogram,
+    claim: Histogram,
+    handler: Histogram,
+    end_to_end: Histogram,
+    slow_claims: Counter,
+    tx_retries: Counter,
+    redeliveries: Counter,
+    dead_letters: Counter,
+    in_flight: Gauge,
+}
+
+impl ConsumerMetrics {
+    /// A delivery started (`attempt` as the broker counts it).
+    pub fn started(&self, attempt: u32) {
+        self.in_flight.inc();
+        if attempt > 1 {
+            self.redeliveries.inc();
+        }
+    }
+
+    /// A delivery ended; `outcome` is its label (refused ids count as `terminal_failure`).
+    pub fn settled(&self, event_type: &str, outcome: &str, processed: Option<&Processed>) {
+        self.in_flight.dec();
+        self.deliveries
+            .get_or_create(&DeliveryLabels {
+                consumer: self.consumer.clone(),
+                event_type: event_type.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+        let Some(p) = processed else { return };
+        self.transaction.observe(p.tx_time.as_secs_f64());
+        self.claim.observe(p.claim_time.as_secs_f64());
+        if let Some(h) = p.handler_time {
+            self.handler.observe(h.as_secs_f64());
+        }
+        if p.claim_time > SLOW_CLAIM {
+            self.slow_claims.inc();
+        }
+        if p.tx_attempts > 1 {
+            self.tx_retries.inc_by(u64::from(p.tx_attempts - 1));
+        }
+    }
+
+    /// An acked delivery's age since the stream stored it.
+    pub fn acked(&self, since_stored: Duration) {
+        self.end_to_end.observe(since_stored.as_secs_f64());
+    }
+
+    pub fn dead_lettered(&self) {
+        self.dead_letters.inc();
     }
 }

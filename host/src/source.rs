@@ -18,7 +18,7 @@ use crate::claim::{Claimer, Outcome};
 use crate::config::{ConsumerConfig, MAX_MESSAGE_ID_BYTES};
 use crate::failpoint;
 use crate::handler::Message;
-use crate::metrics::Metrics;
+use crate::metrics::{ConsumerMetrics, Metrics};
 use crate::registry::Slot;
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry
@@ -47,7 +47,7 @@ pub struct ConsumerRuntime {
     claimer: Claimer,
     /// The consumer's plugin slot: each delivery runs on the version current when it starts.
     plugin: Arc<Slot>,
-    metrics: Arc<Metrics>,
+    metrics: ConsumerMetrics,
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
@@ -57,7 +57,7 @@ pub async fn bind(
     config: &ConsumerConfig,
     claimer: Claimer,
     plugin: Arc<Slot>,
-    metrics: Arc<Metrics>,
+    metrics: &Metrics,
 ) -> anyhow::Result<ConsumerRuntime> {
     let name = &config.name;
     let stream = if config.create_stream {
@@ -145,7 +145,7 @@ pub async fn bind(
         consumer,
         claimer,
         plugin,
-        metrics,
+        metrics: metrics.for_consumer(&config.name),
     })
 }
 
@@ -242,8 +242,7 @@ impl ConsumerRuntime {
             ),
             Err(_) => (1, 0, None),
         };
-        let consumer = self.config.name.as_str();
-        self.metrics.started(consumer, attempt);
+        self.metrics.started(attempt);
         let headers = msg.message.headers.clone().unwrap_or_default();
         let event_type = header(&headers, EVENT_TYPE_HEADER);
         let trace_id =
@@ -265,7 +264,7 @@ impl ConsumerRuntime {
                 Ok(id) => id,
                 Err(reason) => {
                     let event = event_type.as_deref().unwrap_or(msg.message.subject.as_str());
-                    self.metrics.settled(consumer, event, "terminal_failure", None);
+                    self.metrics.settled(event, "terminal_failure", None);
                     warn!(outcome = "terminal_failure", %reason, "delivery refused");
                     self.dead_letter(&msg, None, stream_seq, &reason, attempt).await;
                     return;
@@ -282,7 +281,7 @@ impl ConsumerRuntime {
             // One version from here to the ack: a swap meanwhile affects only later deliveries.
             let active = self.plugin.begin();
             let processed = self.with_progress(&msg, self.claimer.process(active.handler.as_ref(), &message)).await;
-            self.metrics.settled(consumer, message.event_type_or_subject(), processed.outcome.label(), Some(&processed));
+            self.metrics.settled(message.event_type_or_subject(), processed.outcome.label(), Some(&processed));
             let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
             match &processed.outcome {
                 Outcome::Applied | Outcome::Duplicate => {
@@ -290,7 +289,7 @@ impl ConsumerRuntime {
                     match self.confirmed(&msg, AckKind::Ack).await {
                         Ok(()) => {
                             if let Some(age) = stored_ns.and_then(since) {
-                                self.metrics.acked(consumer, age);
+                                self.metrics.acked(age);
                             }
                             info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done")
                         }
@@ -398,7 +397,7 @@ impl ConsumerRuntime {
                 if ack.duplicate {
                     info!(dead_letter_subject = %subject, "already dead-lettered");
                 }
-                self.metrics.dead_lettered(&self.config.name);
+                self.metrics.dead_lettered();
                 if let Err(e) = self.confirmed(msg, AckKind::Term).await {
                     warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
                 } else {
