@@ -77,7 +77,8 @@ pub struct Active {
 /// and the recent history.
 pub struct Slot {
     consumer: String,
-    /// `None` for a native handler, which cannot be swapped.
+    /// `None` for a native handler, which cannot be swapped (WASM plugins always have limits,
+    /// and the registry then has a runtime).
     limits: Option<PluginLimits>,
     current: RwLock<Active>,
     previous: Mutex<Option<Active>>,
@@ -110,6 +111,19 @@ impl Slot {
 
     pub fn consumer(&self) -> &str {
         &self.consumer
+    }
+
+    fn refused(&self, source: &str, reason: String) -> DeployError {
+        warn!(consumer = %self.consumer, %source, %reason, "plugin swap refused; the current version keeps serving");
+        *lock(&self.last_error) = Some(Refusal {
+            at: rfc3339(SystemTime::now()),
+            source: source.to_string(),
+            reason: reason.clone(),
+        });
+        DeployError::Refused {
+            consumer: self.consumer.clone(),
+            reason,
+        }
     }
 
     fn install(&self, next: Active, keep: usize) {
@@ -239,8 +253,8 @@ impl Registry {
         .await;
         let handler = match loaded {
             Ok(Ok(h)) => h,
-            Ok(Err(e)) => return Err(self.refused(slot, &source, e.to_string())),
-            Err(e) => return Err(self.refused(slot, &source, format!("validation failed: {e}"))),
+            Ok(Err(e)) => return Err(slot.refused(&source, e.to_string())),
+            Err(e) => return Err(slot.refused(&source, format!("validation failed: {e}"))),
         };
         let version = Arc::new(Version::new(
             digest,
@@ -301,19 +315,6 @@ impl Registry {
         })
     }
 
-    fn refused(&self, slot: &Slot, source: &str, reason: String) -> DeployError {
-        warn!(consumer = %slot.consumer, %source, %reason, "plugin swap refused; the current version keeps serving");
-        *lock(&slot.last_error) = Some(Refusal {
-            at: rfc3339(SystemTime::now()),
-            source: source.to_string(),
-            reason: reason.clone(),
-        });
-        DeployError::Refused {
-            consumer: slot.consumer.clone(),
-            reason,
-        }
-    }
-
     /// Every consumer's current version, the previous digest and the history (newest first),
     /// as `GET /plugins` serves it.
     pub fn report(&self) -> PluginsReport {
@@ -322,7 +323,7 @@ impl Registry {
             .values()
             .map(|slot| ConsumerReport {
                 name: slot.consumer.clone(),
-                swappable: slot.limits.is_some() && self.runtime.is_some(),
+                swappable: slot.limits.is_some(),
                 current: VersionReport::of(&slot.current()),
                 previous: lock(&slot.previous)
                     .as_ref()
