@@ -182,7 +182,7 @@ async fn route(request: Request, readiness: &Readiness, settings: &Settings) -> 
             Some(metrics) => (
                 "200 OK",
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                metrics.render(readiness.registry.get()).into_bytes(),
+                metrics.render().into_bytes(),
             ),
             None => text("503 Service Unavailable", "metrics not set up yet"),
         },

@@ -63,6 +63,33 @@ impl Outcome {
     }
 }
 
+/// Why a transaction attempt rolled back (`idemhost_rollbacks_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rollback {
+    /// Serialization failure (40001) or deadlock (40P01): the whole transaction is retried.
+    Conflict,
+    /// The handler returned a retryable error, trapped, ran out of time or memory.
+    HandlerRetryable,
+    /// The handler returned a terminal error.
+    HandlerTerminal,
+    /// A statement (the claim, the handler's SQL, the commit) failed in PostgreSQL.
+    Database,
+    /// No transaction could be started (pool timeout, connection lost).
+    Connection,
+}
+
+impl Rollback {
+    pub fn label(self) -> &'static str {
+        match self {
+            Rollback::Conflict => "serialization_conflict",
+            Rollback::HandlerRetryable => "handler_retryable",
+            Rollback::HandlerTerminal => "handler_terminal",
+            Rollback::Database => "database_error",
+            Rollback::Connection => "connection",
+        }
+    }
+}
+
 /// The outcome plus what it took.
 #[derive(Debug, Clone)]
 pub struct Processed {
@@ -75,6 +102,9 @@ pub struct Processed {
     pub tx_time: Duration,
     /// The handler call of the last attempt (none for a duplicate or a failed claim).
     pub handler_time: Option<Duration>,
+    /// Why the last attempt rolled back (none when it committed). The attempts before it all
+    /// rolled back on a conflict (`tx_attempts - 1` of them).
+    pub rollback: Option<Rollback>,
 }
 
 /// Where an attempt's time went.
@@ -132,14 +162,25 @@ pub struct Claimer {
 /// Why an attempt did not commit.
 struct AttemptFailure {
     kind: FailureKind,
+    cause: Rollback,
     reason: String,
 }
 
 impl AttemptFailure {
     fn db(context: &str, e: &sqlx::Error) -> Self {
+        let kind = pg::classify(e);
         AttemptFailure {
-            kind: pg::classify(e),
+            kind,
+            cause: Self::cause_of(kind),
             reason: format!("{context}: {}", pg::describe(e)),
+        }
+    }
+
+    /// The cause of a failed statement of the given kind.
+    fn cause_of(kind: FailureKind) -> Rollback {
+        match kind {
+            FailureKind::RetryTransaction => Rollback::Conflict,
+            _ => Rollback::Database,
         }
     }
 }
@@ -174,15 +215,16 @@ impl Claimer {
                 .attempt(handler, msg, &mut timing)
                 .instrument(span)
                 .await;
-            let done = |outcome| Processed {
+            let done = |outcome, rollback| Processed {
                 outcome,
                 tx_attempts: attempt,
                 claim_time: timing.claim,
                 tx_time: started.elapsed(),
                 handler_time: timing.handler,
+                rollback,
             };
             match result {
-                Ok(outcome) => return done(outcome),
+                Ok(outcome) => return done(outcome, None),
                 Err(f) => match f.kind {
                     FailureKind::RetryTransaction if attempt < self.settings.tx_max_attempts => {
                         let delay = self.retry_delay(attempt);
@@ -191,13 +233,18 @@ impl Claimer {
                         attempt += 1;
                     }
                     FailureKind::RetryTransaction => {
-                        return done(Outcome::RetryableFailure(format!(
+                        let reason = format!(
                             "{} (gave up after {attempt} transaction attempts)",
                             f.reason
-                        )));
+                        );
+                        return done(Outcome::RetryableFailure(reason), Some(f.cause));
                     }
-                    FailureKind::Retryable => return done(Outcome::RetryableFailure(f.reason)),
-                    FailureKind::Terminal => return done(Outcome::TerminalFailure(f.reason)),
+                    FailureKind::Retryable => {
+                        return done(Outcome::RetryableFailure(f.reason), Some(f.cause));
+                    }
+                    FailureKind::Terminal => {
+                        return done(Outcome::TerminalFailure(f.reason), Some(f.cause));
+                    }
                 },
             }
         }
@@ -224,7 +271,10 @@ impl Claimer {
             .pool
             .begin_with(AssertSqlSafe(self.begin_sql.clone()))
             .await
-            .map_err(|e| AttemptFailure::db("failed to begin transaction", &e))?;
+            .map_err(|e| AttemptFailure {
+                cause: Rollback::Connection,
+                ..AttemptFailure::db("failed to begin transaction", &e)
+            })?;
         let claim_started = Instant::now();
         let claimed = sqlx::query(CLAIM_SQL)
             .bind(&self.settings.consumer_name)
@@ -263,6 +313,7 @@ impl Claimer {
         let Some(tx) = tx else {
             return Err(AttemptFailure {
                 kind: FailureKind::Retryable,
+                cause: Rollback::Connection,
                 reason: "transaction lost during the handler".into(),
             });
         };
@@ -272,18 +323,33 @@ impl Claimer {
         let failure = match (result, poison) {
             (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure {
                 kind: p.kind,
+                cause: Rollback::Conflict,
                 reason: p.reason,
             }),
-            (Err(HandlerError::Retryable(r)), _) => Some(AttemptFailure {
-                kind: FailureKind::Retryable,
-                reason: r,
-            }),
-            (Err(HandlerError::Terminal(r)), _) => Some(AttemptFailure {
-                kind: FailureKind::Terminal,
-                reason: r,
-            }),
+            (Err(e), poison) => {
+                let (kind, cause, reason) = match e {
+                    HandlerError::Retryable(r) => {
+                        (FailureKind::Retryable, Rollback::HandlerRetryable, r)
+                    }
+                    HandlerError::Terminal(r) => {
+                        (FailureKind::Terminal, Rollback::HandlerTerminal, r)
+                    }
+                };
+                // A handler passing on a failed statement's error: the database is the cause.
+                let cause = if poison.is_some() {
+                    Rollback::Database
+                } else {
+                    cause
+                };
+                Some(AttemptFailure {
+                    kind,
+                    cause,
+                    reason,
+                })
+            }
             (Ok(()), Some(p)) => Some(AttemptFailure {
                 kind: p.kind,
+                cause: AttemptFailure::cause_of(p.kind),
                 reason: format!("handler returned ok after a database error: {}", p.reason),
             }),
             (Ok(()), None) => None,

@@ -1,5 +1,6 @@
 //! The `idemhost` command line: `run`, `migrate`, `publish` (a producer helper for scripts
-//! and demos), `health` and `plugin check | deploy | list | rollback` (in [`plugin`]). Parsing lives here; every command calls the library.
+//! and demos), `health`, `plugin check | deploy | list | rollback` (in [`plugin`]) and the
+//! operator's `check`, `markers stats | prune`, `dlq list | replay` (in [`ops`]). Parsing lives here; every command calls the library.
 
 use std::path::PathBuf;
 
@@ -7,8 +8,10 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, LogFormat};
+pub use ops::{DlqCommand, MarkersCommand};
 pub use plugin::PluginCommand;
 
+mod ops;
 mod plugin;
 use crate::host::{Host, RunOptions};
 use crate::pg;
@@ -82,6 +85,20 @@ pub enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Prove one message's marker (with processed_at and plugin version) and, through the
+    /// consumer's `effect_query`, its effect. Exit 0: applied; 2: marker WITHOUT effect (the
+    /// invariant is broken); 3: not processed.
+    Check(ops::CheckArgs),
+    /// Marker table statistics and retention.
+    Markers {
+        #[command(subcommand)]
+        command: MarkersCommand,
+    },
+    /// List and replay dead letters.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -89,8 +106,18 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
     Ok((k.trim().to_string(), v.trim().to_string()))
 }
 
-/// Runs the parsed command line.
-pub async fn execute(cli: Cli) -> anyhow::Result<()> {
+/// Runs the parsed command line; the process's exit status on success (`check` tells its
+/// verdict by it).
+pub async fn execute(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Check(args) => ops::check(args).await.map(|code| code as u8),
+        Command::Markers { command } => ops::markers(command).await.map(|()| 0),
+        Command::Dlq { command } => ops::dlq(command).await.map(|()| 0),
+        command => execute_command(Cli { command, ..cli }).await.map(|()| 0),
+    }
+}
+
+async fn execute_command(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config, no_migrate } => {
             let config = Config::load(&config)?;
@@ -175,6 +202,9 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Plugin { command } => plugin::execute(command).await,
+        Command::Check(_) | Command::Markers { .. } | Command::Dlq { .. } => {
+            unreachable!("handled by execute")
+        }
     }
 }
 

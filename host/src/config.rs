@@ -1,7 +1,6 @@
 //! The host's configuration: TOML (`idemhost run --config FILE`) with `IDEMHOST_*` environment
 //! overrides, validated as a whole before any consumer starts, with errors that name the key.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -25,6 +24,9 @@ pub struct Config {
     /// Hot swap: watching plugin files and the optional shared plugin store.
     #[serde(default)]
     pub plugins: PluginsConfig,
+    /// What `/metrics` samples on an interval (broker consumer state, marker table growth).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
     /// One entry per logical consumer (`[[consumer]]`).
     #[serde(rename = "consumer", default)]
     pub consumers: Vec<ConsumerConfig>,
@@ -139,6 +141,31 @@ impl Default for PluginsConfig {
     }
 }
 
+/// Sampling intervals of the metrics that need a query.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// How often each consumer's JetStream state (pending, ack-pending, oldest unacknowledged
+    /// message) is read: one consumer-info request and one message-header lookup per consumer.
+    /// `"0s"` disables it.
+    #[serde(default = "d_15s")]
+    pub consumer_interval: Dur,
+    /// How often marker table growth is sampled (rows and oldest marker per consumer, table
+    /// bytes). The row count is an index-only scan of the consumer's markers — its cost grows
+    /// with the table (see the README); `"0s"` disables it.
+    #[serde(default = "d_60s")]
+    pub marker_interval: Dur,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            consumer_interval: d_15s(),
+            marker_interval: d_60s(),
+        }
+    }
+}
+
 /// A shared plugin store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -162,6 +189,9 @@ pub struct HostConfig {
     /// that cannot be created (a read-only root filesystem) plugins are compiled in memory.
     #[serde(default)]
     pub compile_cache: Option<PathBuf>,
+    /// Debugging aid: log each delivery's payload size and sha256 (never the payload itself).
+    #[serde(default)]
+    pub log_payload_digest: bool,
 }
 
 /// The `host.compile_cache` value that disables the compile cache.
@@ -192,6 +222,7 @@ impl Default for HostConfig {
             shutdown_timeout: d_30s(),
             log_format: None,
             compile_cache: None,
+            log_payload_digest: false,
         }
     }
 }
@@ -279,6 +310,15 @@ pub struct ConsumerConfig {
     /// become `_`).
     #[serde(default)]
     pub durable: Option<String>,
+    /// How far back messages of this consumer may still be replayed (from the stream, its
+    /// dead letters, an archive or a disaster-recovery copy). `markers prune` refuses to delete
+    /// markers younger than this: a replayed message whose marker is gone would apply twice.
+    #[serde(default = "d_30d")]
+    pub replay_horizon: Dur,
+    /// SQL proving a message's business effect, for `idemhost check`: `$1` is the message id
+    /// (or the `--effect-param` given); one or more rows means the effect exists.
+    #[serde(default)]
+    pub effect_query: Option<String>,
 }
 
 /// Whether `key` is a valid NATS KV key (the consumer name keys the plugin version pointer).
@@ -401,162 +441,6 @@ impl Config {
         }
         config.validate()?;
         Ok(config)
-    }
-
-    /// Checks every rule that does not need a server; the first violation names its key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key: String, problem: &str| {
-            Err(ConfigError::Invalid {
-                key,
-                problem: problem.to_string(),
-            })
-        };
-        if url::Url::parse(&self.nats.url).is_err() {
-            return bad("nats.url".into(), "is not a URL");
-        }
-        if !self.postgres.url.starts_with("postgres://")
-            && !self.postgres.url.starts_with("postgresql://")
-        {
-            return bad(
-                "postgres.url".into(),
-                "must start with postgres:// or postgresql://",
-            );
-        }
-        if let Some(schema) = &self.postgres.schema {
-            let plain = schema
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-            if schema.is_empty()
-                || !plain
-                || schema.len() > 63
-                || schema.starts_with(|c: char| c.is_ascii_digit())
-            {
-                return bad(
-                    "postgres.schema".into(),
-                    "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
-                );
-            }
-        }
-        if self.postgres.max_connections == 0 {
-            return bad("postgres.max_connections".into(), "must be at least 1");
-        }
-        if let Some(listen) = &self.admin.listen {
-            if listen.parse::<std::net::SocketAddr>().is_err() {
-                return bad(
-                    "admin.listen".into(),
-                    "must be an address like 127.0.0.1:9464",
-                );
-            }
-        }
-        if self
-            .admin
-            .token
-            .as_deref()
-            .is_some_and(|t| t.trim().is_empty())
-        {
-            return bad(
-                "admin.token".into(),
-                "must not be empty (omit it to disable deploys)",
-            );
-        }
-        let p = &self.plugins;
-        if p.watch_interval.0 < Duration::from_millis(10) {
-            return bad("plugins.watch_interval".into(), "must be at least 10ms");
-        }
-        for (key, bucket) in [
-            ("plugins.object_bucket", &p.object_bucket),
-            ("plugins.version_bucket", &p.version_bucket),
-        ] {
-            if bucket.is_empty()
-                || !bucket
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                return bad(key.into(), "must be a bucket name (A-Z, a-z, 0-9, - and _)");
-            }
-        }
-        if p.history == 0 || p.history > 64 {
-            return bad("plugins.history".into(), "must be between 1 and 64");
-        }
-        let mut names = HashSet::new();
-        let mut durables = HashSet::new();
-        for (i, c) in self.consumers.iter().enumerate() {
-            let key = |field: &str| format!("consumer[{i}].{field}");
-            if c.name.trim().is_empty()
-                || c.name.len() > 200
-                || c.name.chars().any(char::is_whitespace)
-            {
-                return bad(key("name"), "must be 1-200 characters without whitespace");
-            }
-            if self.plugins.store.is_some() && !is_kv_key(&c.name) {
-                return bad(
-                    key("name"),
-                    "must be usable as a NATS KV key when plugins.store is set \
-                     (A-Z, a-z, 0-9, -, _, =, /, . and no leading or trailing '.')",
-                );
-            }
-            if !names.insert(c.name.clone()) {
-                return bad(key("name"), "is used by two consumers");
-            }
-            if !durables.insert(c.durable_name()) {
-                return bad(
-                    key("durable"),
-                    "collides with another consumer's durable name",
-                );
-            }
-            if c.stream.is_empty()
-                || c.stream
-                    .chars()
-                    .any(|ch| matches!(ch, '.' | '*' | '>' | ' ' | '/' | '\\'))
-            {
-                return bad(
-                    key("stream"),
-                    "must be a JetStream stream name (no '.', '*', '>', spaces or slashes)",
-                );
-            }
-            if c.create_stream && c.subjects.is_empty() {
-                return bad(
-                    key("subjects"),
-                    "must list the stream's subjects when create_stream = true",
-                );
-            }
-            if c.max_in_flight == 0 || c.max_in_flight > 4096 {
-                return bad(key("max_in_flight"), "must be between 1 and 4096");
-            }
-            if c.max_deliver == 0 {
-                return bad(key("max_deliver"), "must be at least 1");
-            }
-            if c.backoff.is_empty() {
-                return bad(key("backoff"), "must list at least one delay");
-            }
-            if c.handler_timeout.0.is_zero() {
-                return bad(key("handler_timeout"), "must be positive");
-            }
-            if c.statement_timeout.is_some_and(|d| d.0.is_zero()) {
-                return bad(key("statement_timeout"), "must be positive");
-            }
-            if c.ack_wait.0 < Duration::from_secs(1) {
-                return bad(key("ack_wait"), "must be at least 1s");
-            }
-            if c.memory_limit.0 < (1 << 20) {
-                return bad(key("memory_limit"), "must be at least 1MiB");
-            }
-            if c.tx_max_attempts == 0 {
-                return bad(key("tx_max_attempts"), "must be at least 1");
-            }
-            if c.id_header.is_empty() {
-                return bad(key("id_header"), "must not be empty");
-            }
-            if c.dead_letter_subject().split('.').any(str::is_empty)
-                || c.dead_letter_subject().contains(['*', '>', ' '])
-            {
-                return bad(key("dead_letter_subject"), "must be a literal NATS subject");
-            }
-            if c.subjects.iter().any(|s| s.is_empty() || s.contains(' ')) {
-                return bad(key("subjects"), "must be NATS subjects");
-            }
-        }
-        Ok(())
     }
 }
 
@@ -691,9 +575,20 @@ fn d_5s() -> Dur {
 fn d_10s() -> Dur {
     Dur(Duration::from_secs(10))
 }
+fn d_15s() -> Dur {
+    Dur(Duration::from_secs(15))
+}
 fn d_30s() -> Dur {
     Dur(Duration::from_secs(30))
 }
+fn d_60s() -> Dur {
+    Dur(Duration::from_secs(60))
+}
+fn d_30d() -> Dur {
+    Dur(Duration::from_secs(30 * 86_400))
+}
+
+mod validate;
 
 #[cfg(test)]
 mod tests;

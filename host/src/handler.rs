@@ -61,4 +61,9 @@ pub trait Handler: Send + Sync + 'static {
     fn digest(&self) -> Option<&str> {
         None
     }
+
+    /// Where a plugin's calls spend their time (instantiation, the call): WASM plugins only.
+    fn timings(&self) -> Option<&crate::plugin::PluginTimings> {
+        None
+    }
 }

@@ -70,6 +70,25 @@ impl Histogram {
         None
     }
 
+    /// Counts per octave from `from` up, as a Prometheus histogram's buckets (upper bound in
+    /// seconds, count in that bucket alone — lower buckets fold into the first, the last is
+    /// `+Inf`), with the sum in seconds and the total count.
+    pub fn octaves(&self, from: Duration) -> (f64, u64, Vec<(f64, u64)>) {
+        let from_us = from.as_secs_f64() * 1e6;
+        let (mut buckets, mut pending, mut total) = (Vec::new(), 0, 0);
+        for (i, c) in self.counts.iter().enumerate() {
+            let n = c.load(Ordering::Relaxed);
+            pending += n;
+            total += n;
+            if i % 4 == 0 && upper_us(i) >= from_us {
+                buckets.push((upper_us(i) / 1e6, std::mem::take(&mut pending)));
+            }
+        }
+        buckets.push((f64::INFINITY, pending));
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        (sum, total, buckets)
+    }
+
     pub fn reset(&self) {
         for c in &self.counts {
             c.store(0, Ordering::Relaxed);
@@ -94,5 +113,24 @@ mod tests {
         let p99 = h.quantile(0.99).unwrap().as_secs_f64() * 1e6;
         assert!((990.0..=990.0 * 1.19).contains(&p99), "p99 {p99}");
         assert!(Histogram::default().quantile(0.5).is_none());
+    }
+
+    #[test]
+    fn octaves_count_each_bucket_once() {
+        let h = Histogram::default();
+        h.record(Duration::from_micros(10));
+        h.record(Duration::from_micros(100));
+        h.record(Duration::from_millis(3));
+        h.record(Duration::from_millis(3));
+        h.record(Duration::from_secs(100));
+        let (sum, count, buckets) = h.octaves(Duration::from_micros(64));
+        assert_eq!(count, 5);
+        assert!((sum - 100.00611).abs() < 1e-9, "{sum}");
+        assert_eq!(buckets.first(), Some(&(64e-6, 1)));
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 5);
+        let at = |le: f64| buckets.iter().find(|b| b.0 == le).map(|b| b.1);
+        assert_eq!(at(128e-6), Some(1));
+        assert_eq!(at(4096e-6), Some(2));
+        assert_eq!(buckets.last(), Some(&(f64::INFINITY, 1)));
     }
 }

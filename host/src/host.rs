@@ -12,13 +12,34 @@ use tracing::info;
 
 use crate::admin::{self, Readiness};
 use crate::claim::{ClaimSettings, Claimer};
-use crate::config::{Config, PluginStoreKind};
+use crate::config::{Config, NatsConfig, PluginStoreKind};
 use crate::handler::Handler;
 use crate::metrics::Metrics;
 use crate::pg;
 use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing};
 use crate::registry::{self, Registry, store::NatsStore};
 use crate::source;
+
+/// Connects to NATS with the configured timeouts; the JetStream context's requests are bounded
+/// by `nats.request_timeout`.
+pub async fn connect_nats(
+    config: &NatsConfig,
+) -> anyhow::Result<(async_nats::Client, async_nats::jetstream::Context)> {
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(config.connect_timeout.0)
+        .request_timeout(Some(config.request_timeout.0))
+        .connect(config.url.as_str())
+        .await
+        .with_context(|| {
+            format!(
+                "failed to connect to NATS at {}",
+                pg::redact_url(&config.url)
+            )
+        })?;
+    let mut js = async_nats::jetstream::new(client.clone());
+    js.set_timeout(config.request_timeout.0);
+    Ok((client, js))
+}
 
 /// Start-up choices that are not part of the configuration file.
 #[derive(Debug, Clone)]
@@ -110,15 +131,8 @@ impl Host {
             None
         };
         let nats_url = pg::redact_url(&config.nats.url);
-        let client = async_nats::ConnectOptions::new()
-            .connection_timeout(config.nats.connect_timeout.0)
-            .request_timeout(Some(config.nats.request_timeout.0))
-            .connect(config.nats.url.as_str())
-            .await
-            .with_context(|| format!("failed to connect to NATS at {nats_url}"))?;
+        let (client, js) = connect_nats(&config.nats).await?;
         readiness.watch(client.clone(), pool.clone());
-        let mut js = async_nats::jetstream::new(client.clone());
-        js.set_timeout(config.nats.request_timeout.0);
 
         let store = match (config.plugins.store, &runtime) {
             (Some(PluginStoreKind::Nats), Some(_)) => {
@@ -190,6 +204,7 @@ impl Host {
         }
         let registry = Arc::new(registry);
         readiness.set_registry(registry.clone());
+        metrics.set_plugins(registry.clone());
 
         let mut runtimes = Vec::new();
         for c in &config.consumers {
@@ -200,7 +215,9 @@ impl Host {
                 .context("consumer missing from the plugin registry")?;
             let bound = source::bind(&js, c, claimer, slot, &metrics).await?;
             info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
-            runtimes.push(Arc::new(bound));
+            runtimes.push(Arc::new(
+                bound.log_payload_digest(config.host.log_payload_digest),
+            ));
         }
 
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -216,6 +233,14 @@ impl Host {
         if let Some(store) = store {
             followers.push(store.follow(registry.clone(), stop_rx.clone()));
         }
+        let samplers = crate::metrics::sample::spawn(
+            metrics.clone(),
+            &config.metrics,
+            js.clone(),
+            pool.clone(),
+            config.consumers.clone(),
+            stop_rx.clone(),
+        );
         let drain = config.host.shutdown_timeout.0;
         let mut running = tokio::task::JoinSet::new();
         for rt in runtimes {
@@ -229,7 +254,7 @@ impl Host {
         let _ = stop_tx.send(true);
         while running.join_next().await.is_some() {}
         // A swap still validating is abandoned: it only takes effect when installed.
-        for f in followers {
+        for f in followers.into_iter().chain(samplers) {
             f.abort();
         }
         // Flush acks still buffered in the client before the process exits.

@@ -16,7 +16,8 @@
 //! - [`pg`]: the pool, migrations, and the one classification of database errors.
 //! - [`host`]: wiring it all together and running until shutdown.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/plugins` (deploy, rollback).
-//! - [`metrics`]: the Prometheus metrics.
+//! - [`metrics`]: the Prometheus metrics and their samplers.
+//! - [`ops`]: operator tooling — `check`, marker stats and retention, dead-letter replay.
 //! - [`cli`]: the `idemhost` command line.
 //! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
 //! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
@@ -34,6 +35,7 @@ pub mod handler;
 pub mod histogram;
 pub mod host;
 pub mod metrics;
+pub mod ops;
 pub mod pg;
 pub mod plugin;
 pub mod registry;
@@ -41,7 +43,7 @@ pub mod source;
 pub mod sql_gate;
 pub mod txn;
 
-pub use claim::{CLAIM_SQL, ClaimSettings, Claimer, Outcome, Processed};
+pub use claim::{CLAIM_SQL, ClaimSettings, Claimer, Outcome, Processed, Rollback};
 pub use config::{Config, ConsumerConfig, Isolation};
 pub use handler::{HandleFuture, Handler, HandlerError, Message};
 pub use host::Host;

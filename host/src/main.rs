@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(idemhost::cli::execute(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -1,19 +1,28 @@
 //! Prometheus metrics (`GET /metrics`, OpenMetrics text via the `prometheus-client` crate):
-//! what each delivery became and what it took. Recorded by the pull loop as deliveries settle;
-//! the plugin versions are read from the registry at scrape time.
+//! what each delivery became and what it took, recorded by the pull loop as deliveries settle;
+//! the broker's view of each consumer and the marker table's growth, sampled on an interval
+//! ([`sample`]); the plugin versions and their instantiation times, read from the registry at
+//! scrape time.
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric as _, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::claim::Processed;
+use crate::claim::{Processed, Rollback};
 use crate::registry::Registry as Plugins;
+
+pub mod sample;
 
 /// A claim slower than this counts in `idemhost_slow_claims_total`: it waited on a competing
 /// delivery of the same message id (or on a busy database).
@@ -32,9 +41,20 @@ struct DeliveryLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    consumer: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PluginLabels {
     consumer: String,
     digest: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SamplerLabels {
+    sampler: String,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -43,6 +63,15 @@ fn seconds_histogram() -> Histogram {
 }
 
 type Seconds = Family<ConsumerLabels, Histogram, fn() -> Histogram>;
+type SecondsGauge = Family<ConsumerLabels, Gauge<f64, AtomicU64>>;
+
+const ROLLBACKS: [Rollback; 5] = [
+    Rollback::Conflict,
+    Rollback::HandlerRetryable,
+    Rollback::HandlerTerminal,
+    Rollback::Database,
+    Rollback::Connection,
+];
 
 /// Every metric of the process.
 pub struct Metrics {
@@ -54,10 +83,19 @@ pub struct Metrics {
     end_to_end: Seconds,
     slow_claims: Family<ConsumerLabels, Counter>,
     tx_retries: Family<ConsumerLabels, Counter>,
+    rollbacks: Family<ReasonLabels, Counter>,
     redeliveries: Family<ConsumerLabels, Counter>,
     dead_letters: Family<ConsumerLabels, Counter>,
     in_flight: Family<ConsumerLabels, Gauge>,
-    plugin_info: Family<PluginLabels, Gauge>,
+    pending: Family<ConsumerLabels, Gauge>,
+    ack_pending: Family<ConsumerLabels, Gauge>,
+    oldest_unacked: SecondsGauge,
+    markers: Family<ConsumerLabels, Gauge>,
+    marker_bytes: Family<ConsumerLabels, Gauge>,
+    oldest_marker: SecondsGauge,
+    marker_table_bytes: Gauge,
+    sample_errors: Family<SamplerLabels, Counter>,
+    plugins: Arc<PluginCollector>,
 }
 
 impl Default for Metrics {
@@ -68,7 +106,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("idemhost");
         let seconds = || Seconds::new_with_constructor(seconds_histogram as fn() -> Histogram);
         let m = Metrics {
             deliveries: Family::default(),
@@ -78,68 +115,126 @@ impl Metrics {
             end_to_end: seconds(),
             slow_claims: Family::default(),
             tx_retries: Family::default(),
+            rollbacks: Family::default(),
             redeliveries: Family::default(),
             dead_letters: Family::default(),
             in_flight: Family::default(),
-            plugin_info: Family::default(),
+            pending: Family::default(),
+            ack_pending: Family::default(),
+            oldest_unacked: Family::default(),
+            markers: Family::default(),
+            marker_bytes: Family::default(),
+            oldest_marker: Family::default(),
+            marker_table_bytes: Gauge::default(),
+            sample_errors: Family::default(),
+            plugins: Arc::new(PluginCollector::default()),
             registry: Registry::default(),
         };
-        registry.register(
+        let mut r = Registry::with_prefix("idemhost");
+        r.register(
             "deliveries",
             "Deliveries settled, by outcome: applied, duplicate, retryable_failure, terminal_failure",
             m.deliveries.clone(),
         );
-        registry.register(
+        r.register(
             "transaction_seconds",
             "BEGIN to COMMIT or ROLLBACK of a delivery's last transaction attempt",
             m.transaction.clone(),
         );
-        registry.register(
+        r.register(
             "claim_seconds",
             "The claim statement (waits on a competing claim of the same id show here)",
             m.claim.clone(),
         );
-        registry.register(
+        r.register(
             "handler_seconds",
             "The handler call (plugin instantiation and its SQL included)",
             m.handler.clone(),
         );
-        registry.register(
+        r.register(
             "end_to_end_seconds",
             "From the message's storage in the stream to its confirmed ack",
             m.end_to_end.clone(),
         );
-        registry.register(
+        r.register(
             "slow_claims",
             "Claims that took longer than 100 ms",
             m.slow_claims.clone(),
         );
-        registry.register(
+        r.register(
             "transaction_retries",
             "Whole-transaction retries after serialization failures (40001) or deadlocks (40P01)",
             m.tx_retries.clone(),
         );
-        registry.register(
+        r.register(
+            "rollbacks",
+            "Transaction attempts rolled back, by reason: serialization_conflict, handler_retryable, \
+             handler_terminal, database_error, connection",
+            m.rollbacks.clone(),
+        );
+        r.register(
             "redeliveries",
             "Deliveries the broker made more than once (num_delivered > 1)",
             m.redeliveries.clone(),
         );
-        registry.register(
+        r.register(
             "dead_letters",
             "Messages published to the dead-letter subject",
             m.dead_letters.clone(),
         );
-        registry.register(
+        r.register(
             "in_flight",
-            "Deliveries being handled now",
+            "Deliveries being handled now by this process",
             m.in_flight.clone(),
         );
-        registry.register(
-            "plugin_info",
-            "The plugin version each consumer runs (value 1)",
-            m.plugin_info.clone(),
+        r.register(
+            "pending",
+            "Messages the broker has not delivered to the consumer yet (sampled)",
+            m.pending.clone(),
         );
-        Metrics { registry, ..m }
+        r.register(
+            "ack_pending",
+            "Messages delivered to the consumer and not acknowledged yet (sampled)",
+            m.ack_pending.clone(),
+        );
+        r.register(
+            "oldest_unacked_seconds",
+            "Age of the oldest message the consumer has not acknowledged, delivered or not; 0 when \
+             none (sampled)",
+            m.oldest_unacked.clone(),
+        );
+        r.register(
+            "markers",
+            "Marker rows of the consumer (sampled)",
+            m.markers.clone(),
+        );
+        r.register(
+            "marker_bytes",
+            "The consumer's share of the marker table's size, indexes included (sampled estimate)",
+            m.marker_bytes.clone(),
+        );
+        r.register(
+            "oldest_marker_seconds",
+            "Age of the consumer's oldest marker; 0 when it has none (sampled)",
+            m.oldest_marker.clone(),
+        );
+        r.register(
+            "marker_table_bytes",
+            "Size of processed_message with its indexes and TOAST (sampled)",
+            m.marker_table_bytes.clone(),
+        );
+        r.register(
+            "sample_errors",
+            "Failed samples, by sampler: consumer (JetStream) or markers (PostgreSQL)",
+            m.sample_errors.clone(),
+        );
+        r.register_collector(Box::new(m.plugins.clone()));
+        Metrics { registry: r, ..m }
+    }
+
+    /// The plugin registry whose versions and instantiation times `/metrics` shows.
+    pub fn set_plugins(&self, plugins: Arc<Plugins>) {
+        let _ = self.plugins.registry.set(plugins);
     }
 
     /// One consumer's handles, resolved once (at bind) so a delivery records without
@@ -148,6 +243,12 @@ impl Metrics {
         let labels = ConsumerLabels {
             consumer: consumer.to_string(),
         };
+        let rollbacks = ROLLBACKS.map(|r| {
+            self.rollbacks.get_or_create_owned(&ReasonLabels {
+                consumer: consumer.to_string(),
+                reason: r.label().to_string(),
+            })
+        });
         ConsumerMetrics {
             consumer: consumer.to_string(),
             deliveries: self.deliveries.clone(),
@@ -157,29 +258,60 @@ impl Metrics {
             end_to_end: self.end_to_end.get_or_create_owned(&labels),
             slow_claims: self.slow_claims.get_or_create_owned(&labels),
             tx_retries: self.tx_retries.get_or_create_owned(&labels),
+            rollbacks,
             redeliveries: self.redeliveries.get_or_create_owned(&labels),
             dead_letters: self.dead_letters.get_or_create_owned(&labels),
             in_flight: self.in_flight.get_or_create_owned(&labels),
         }
     }
 
-    /// The exposition, with the plugin versions `plugins` runs now.
-    pub fn render(&self, plugins: Option<&Arc<Plugins>>) -> String {
-        if let Some(plugins) = plugins {
-            self.plugin_info.clear();
-            for slot in plugins.consumers() {
-                self.plugin_info
-                    .get_or_create(&PluginLabels {
-                        consumer: slot.consumer().to_string(),
-                        digest: slot.current().digest.clone(),
-                    })
-                    .set(1);
-            }
-        }
+    /// The exposition.
+    pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Records a sample of a consumer's broker state.
+    pub fn set_consumer_state(&self, consumer: &str, state: &sample::ConsumerState) {
+        let labels = ConsumerLabels {
+            consumer: consumer.to_string(),
+        };
+        self.pending
+            .get_or_create(&labels)
+            .set(i64::try_from(state.pending).unwrap_or(i64::MAX));
+        self.ack_pending
+            .get_or_create(&labels)
+            .set(i64::try_from(state.ack_pending).unwrap_or(i64::MAX));
+        self.oldest_unacked
+            .get_or_create(&labels)
+            .set(state.oldest_unacked.map_or(0.0, |d| d.as_secs_f64()));
+    }
+
+    /// Records a sample of the marker table.
+    pub fn set_marker_state(&self, state: &sample::MarkerState) {
+        self.marker_table_bytes
+            .set(i64::try_from(state.table_bytes).unwrap_or(i64::MAX));
+        for c in &state.consumers {
+            let labels = ConsumerLabels {
+                consumer: c.consumer.clone(),
+            };
+            self.markers.get_or_create(&labels).set(c.rows);
+            self.marker_bytes.get_or_create(&labels).set(c.bytes);
+            self.oldest_marker
+                .get_or_create(&labels)
+                .set(c.oldest.map_or(0.0, |d| d.as_secs_f64()));
+        }
+    }
+
+    /// Counts a failed sample of `sampler`.
+    pub fn sample_failed(&self, sampler: &str) {
+        self.sample_errors
+            .get_or_create(&SamplerLabels {
+                sampler: sampler.to_string(),
+            })
+            .inc();
     }
 }
 
@@ -193,6 +325,8 @@ pub struct ConsumerMetrics {
     end_to_end: Histogram,
     slow_claims: Counter,
     tx_retries: Counter,
+    /// Indexed like [`ROLLBACKS`].
+    rollbacks: [Counter; 5],
     redeliveries: Counter,
     dead_letters: Counter,
     in_flight: Gauge,
@@ -227,8 +361,18 @@ impl ConsumerMetrics {
             self.slow_claims.inc();
         }
         if p.tx_attempts > 1 {
-            self.tx_retries.inc_by(u64::from(p.tx_attempts - 1));
+            let retried = u64::from(p.tx_attempts - 1);
+            self.tx_retries.inc_by(retried);
+            self.rollback(Rollback::Conflict).inc_by(retried);
         }
+        if let Some(r) = p.rollback {
+            self.rollback(r).inc();
+        }
+    }
+
+    fn rollback(&self, reason: Rollback) -> &Counter {
+        let i = ROLLBACKS.iter().position(|r| *r == reason).unwrap_or(0);
+        &self.rollbacks[i]
     }
 
     /// An acked delivery's age since the stream stored it.
@@ -238,5 +382,64 @@ impl ConsumerMetrics {
 
     pub fn dead_lettered(&self) {
         self.dead_letters.inc();
+    }
+}
+
+/// Reads the plugin registry at scrape time: `idemhost_plugin_info{consumer, digest}` and
+/// `idemhost_plugin_instantiate_seconds{consumer, digest}` of each consumer's current version.
+#[derive(Default)]
+struct PluginCollector {
+    registry: OnceLock<Arc<Plugins>>,
+}
+
+impl std::fmt::Debug for PluginCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PluginCollector")
+    }
+}
+
+impl Collector for PluginCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(plugins) = self.registry.get() else {
+            return Ok(());
+        };
+        let current: Vec<_> = plugins
+            .consumers()
+            .map(|slot| (slot.consumer().to_string(), slot.current_active()))
+            .collect();
+        let mut info = encoder.encode_descriptor(
+            "plugin_info",
+            "The plugin version each consumer runs (value 1)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (consumer, active) in &current {
+            let labels = PluginLabels {
+                consumer: consumer.clone(),
+                digest: active.version.digest.clone(),
+            };
+            let one = Gauge::<i64>::default();
+            one.set(1);
+            one.encode(info.encode_family(&labels)?)?;
+        }
+        let mut inst = encoder.encode_descriptor(
+            "plugin_instantiate_seconds",
+            "Creating a plugin instance for one delivery (current version)",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (consumer, active) in &current {
+            let Some(timings) = active.handler.timings() else {
+                continue;
+            };
+            let labels = PluginLabels {
+                consumer: consumer.clone(),
+                digest: active.version.digest.clone(),
+            };
+            let (sum, count, buckets) = timings.instantiate.octaves(Duration::from_micros(64));
+            inst.encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
+        Ok(())
     }
 }

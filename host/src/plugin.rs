@@ -518,4 +518,8 @@ impl Handler for WasmHandler {
     fn digest(&self) -> Option<&str> {
         Some(&self.digest)
     }
+
+    fn timings(&self) -> Option<&PluginTimings> {
+        Some(&self.timings)
+    }
 }

@@ -109,6 +109,11 @@ impl Slot {
         read(&self.current).version.clone()
     }
 
+    /// The current handler and version, without counting a delivery.
+    pub fn current_active(&self) -> Active {
+        read(&self.current).clone()
+    }
+
     pub fn consumer(&self) -> &str {
         &self.consumer
     }

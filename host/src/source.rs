@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::{self, AckKind, stream};
 use futures::StreamExt;
@@ -15,11 +14,15 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::claim::{Claimer, Outcome};
-use crate::config::{ConsumerConfig, MAX_MESSAGE_ID_BYTES};
+use crate::config::ConsumerConfig;
 use crate::failpoint;
 use crate::handler::Message;
 use crate::metrics::{ConsumerMetrics, Metrics};
 use crate::registry::Slot;
+
+mod headers;
+pub use headers::message_id;
+use headers::{flatten, header, header_safe, traceparent};
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry
 /// the original id while publishing under a fresh broker-level id.
@@ -35,9 +38,6 @@ pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
-/// Longest failure reason put in a header.
-const MAX_REASON_BYTES: usize = 1024;
-
 /// A bound consumer: its durable pull consumer, its handler and its claim pipeline.
 pub struct ConsumerRuntime {
     pub config: ConsumerConfig,
@@ -48,6 +48,8 @@ pub struct ConsumerRuntime {
     /// The consumer's plugin slot: each delivery runs on the version current when it starts.
     plugin: Arc<Slot>,
     metrics: ConsumerMetrics,
+    /// `host.log_payload_digest`.
+    log_payload_digest: bool,
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
@@ -146,10 +148,17 @@ pub async fn bind(
         claimer,
         plugin,
         metrics: metrics.for_consumer(&config.name),
+        log_payload_digest: false,
     })
 }
 
 impl ConsumerRuntime {
+    /// Logs each delivery's payload size and sha256 (`host.log_payload_digest`).
+    pub fn log_payload_digest(mut self, on: bool) -> Self {
+        self.log_payload_digest = on;
+        self
+    }
+
     /// Pulls and handles deliveries until `shutdown` turns true, then stops pulling and lets
     /// in-flight deliveries finish for up to `drain`; what is still running then is dropped
     /// (rolled back, not acked — the broker redelivers it).
@@ -245,26 +254,43 @@ impl ConsumerRuntime {
         self.metrics.started(attempt);
         let headers = msg.message.headers.clone().unwrap_or_default();
         let event_type = header(&headers, EVENT_TYPE_HEADER);
-        let trace_id =
-            header(&headers, "traceparent").and_then(|t| t.split('-').nth(1).map(str::to_string));
+        let trace = traceparent(&headers);
         let id = message_id(&headers, &self.config.id_header);
+        // What a delivery's log lines carry; never the payload (`host.log_payload_digest`
+        // adds its size and sha256). `outcome` and the durations are filled in as it settles.
         let span = info_span!(
             "idemhost.delivery",
             consumer = %self.config.name,
             message_id = id.as_deref().unwrap_or(""),
             event_type = event_type.as_deref().unwrap_or(msg.message.subject.as_str()),
-            trace_id = trace_id.as_deref().unwrap_or(""),
+            trace_id = trace.as_ref().map_or("", |t| t.0.as_str()),
+            parent_span_id = trace.as_ref().map_or("", |t| t.1.as_str()),
             attempt,
             stream_seq,
+            plugin = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            tx_ms = tracing::field::Empty,
+            claim_ms = tracing::field::Empty,
+            handler_ms = tracing::field::Empty,
+            tx_attempts = tracing::field::Empty,
+            payload_bytes = tracing::field::Empty,
+            payload_sha256 = tracing::field::Empty,
             "messaging.system" = "nats",
             "messaging.operation" = "process",
         );
+        if self.log_payload_digest {
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(&msg.message.payload);
+            span.record("payload_bytes", msg.message.payload.len());
+            span.record("payload_sha256", format!("{digest:x}"));
+        }
         async {
             let id = match id {
                 Ok(id) => id,
                 Err(reason) => {
                     let event = event_type.as_deref().unwrap_or(msg.message.subject.as_str());
                     self.metrics.settled(event, "terminal_failure", None);
+                    tracing::Span::current().record("outcome", "terminal_failure");
                     warn!(outcome = "terminal_failure", %reason, "delivery refused");
                     self.dead_letter(&msg, None, stream_seq, &reason, attempt).await;
                     return;
@@ -280,16 +306,26 @@ impl ConsumerRuntime {
             };
             // One version from here to the ack: a swap meanwhile affects only later deliveries.
             let active = self.plugin.begin();
+            let span = tracing::Span::current();
+            span.record("plugin", active.version.digest.as_str());
             let processed = self.with_progress(&msg, self.claimer.process(active.handler.as_ref(), &message)).await;
             self.metrics.settled(message.event_type_or_subject(), processed.outcome.label(), Some(&processed));
-            let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let tx_ms = ms(processed.tx_time);
+            span.record("outcome", processed.outcome.label());
+            span.record("tx_ms", tx_ms);
+            span.record("claim_ms", ms(processed.claim_time));
+            if let Some(h) = processed.handler_time {
+                span.record("handler_ms", ms(h));
+            }
+            span.record("tx_attempts", processed.tx_attempts);
             match &processed.outcome {
                 Outcome::Applied | Outcome::Duplicate => {
                     failpoint::hit("after_commit_before_ack");
                     match self.confirmed(&msg, AckKind::Ack).await {
                         Ok(()) => {
-                            if let Some(age) = stored_ns.and_then(since) {
-                                self.metrics.acked(age);
+                            if let Some(stored) = stored_ns {
+                                self.metrics.acked(crate::ops::age_of(stored));
                             }
                             info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done")
                         }
@@ -358,10 +394,12 @@ impl ConsumerRuntime {
     /// reason — and, once JetStream stored it, terminates the delivery. If the publish fails
     /// the delivery is nak'ed instead, so nothing is lost.
     ///
-    /// The dead letter's broker-level `Nats-Msg-Id` is `<consumer>/<id>` (or
+    /// The dead letter's broker-level `Nats-Msg-Id` is `<consumer>/<id>/<stream seq>` (or
     /// `<consumer>/seq-<n>` without a valid id): a stream that already saw the original id (the
     /// same stream, or one shared by several consumers' dead letters) would otherwise drop it
-    /// as a duplicate, while a second dead-lettering of the same delivery is still absorbed.
+    /// as a duplicate, and a replayed copy (a new stream sequence) that fails again must not
+    /// be taken for the first dead letter; a second dead-lettering of the same stored message
+    /// is still absorbed.
     async fn dead_letter(
         &self,
         msg: &jetstream::Message,
@@ -374,7 +412,7 @@ impl ConsumerRuntime {
         let broker_id = match id {
             Some(id) => {
                 headers.insert(REPLAY_ID_HEADER, id);
-                format!("{}/{id}", self.config.name)
+                format!("{}/{id}/{stream_seq}", self.config.name)
             }
             None => format!("{}/seq-{stream_seq}", self.config.name),
         };
@@ -414,15 +452,6 @@ impl ConsumerRuntime {
     }
 }
 
-/// Time since `unix_ns` (nanoseconds since the epoch), if it is in the past.
-fn since(unix_ns: i128) -> Option<Duration> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?
-        .as_nanos() as i128;
-    u64::try_from(now - unix_ns).ok().map(Duration::from_nanos)
-}
-
 /// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.
 fn dead_letter_stream_name(subject: &str) -> String {
     let safe: String = subject
@@ -452,84 +481,9 @@ fn subject_matches(pattern: &str, subject: &str) -> bool {
     subject_tokens.next().is_none()
 }
 
-fn header(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers.get(name).map(|v| v.as_str().to_string())
-}
-
-/// The delivery's message id: `Idemhost-Message-Id` if present, else `id_header`. Missing,
-/// empty and over-long ids are refused (terminal): an id is never invented.
-pub fn message_id(headers: &HeaderMap, id_header: &str) -> Result<String, String> {
-    let (name, value) = match header(headers, REPLAY_ID_HEADER) {
-        Some(v) => (REPLAY_ID_HEADER, v),
-        None => match header(headers, id_header) {
-            Some(v) => (id_header, v),
-            None => return Err(format!("missing message id header {id_header}")),
-        },
-    };
-    if value.trim().is_empty() {
-        return Err(format!("empty message id in header {name}"));
-    }
-    if value.len() > MAX_MESSAGE_ID_BYTES {
-        return Err(format!(
-            "message id in header {name} is {} bytes, over the {MAX_MESSAGE_ID_BYTES}-byte limit",
-            value.len()
-        ));
-    }
-    Ok(value)
-}
-
-fn flatten(headers: &HeaderMap) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for (name, values) in headers.iter() {
-        for v in values {
-            out.push((name.to_string(), v.as_str().to_string()));
-        }
-    }
-    out.sort();
-    out
-}
-
-/// A reason fit for a header value: one line, bounded length.
-fn header_safe(reason: &str) -> String {
-    let mut s: String = reason
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if s.len() > MAX_REASON_BYTES {
-        let mut cut = MAX_REASON_BYTES;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn message_id_prefers_replay_header_and_refuses_bad_ids() {
-        let mut h = HeaderMap::new();
-        assert!(
-            message_id(&h, "Nats-Msg-Id")
-                .unwrap_err()
-                .contains("missing")
-        );
-        h.insert("Nats-Msg-Id", "");
-        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("empty"));
-        h.insert("Nats-Msg-Id", "x".repeat(257).as_str());
-        assert!(
-            message_id(&h, "Nats-Msg-Id")
-                .unwrap_err()
-                .contains("257 bytes")
-        );
-        h.insert("Nats-Msg-Id", "x".repeat(256).as_str());
-        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap().len(), 256);
-        h.insert(REPLAY_ID_HEADER, "evt-7");
-        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap(), "evt-7");
-    }
 
     #[test]
     fn subjects_match_with_wildcards() {
@@ -539,11 +493,5 @@ mod tests {
         assert!(!subject_matches("orders.placed", "orders.dlq"));
         assert!(!subject_matches("orders.*", "orders.dlq.x"));
         assert!(!subject_matches("orders.placed.x", "orders.placed"));
-    }
-
-    #[test]
-    fn reasons_are_header_safe() {
-        assert_eq!(header_safe("a\nb\r\nc"), "a b  c");
-        assert_eq!(header_safe(&"é".repeat(1000)).len(), 1024);
     }
 }

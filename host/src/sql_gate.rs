@@ -25,12 +25,13 @@ const ALLOWED_FIRST_WORDS: &[&str] = &[
     "select", "insert", "update", "delete", "with", "values", "merge", "table",
 ];
 
-/// Identifiers refused anywhere in a statement: the marker table (only the host claims
-/// markers), functions that change session settings or outlive the transaction (session-level
+/// Identifiers refused anywhere in a statement: the host's tables (only the host claims
+/// markers, records plugin versions and audits repairs), functions that change session settings or outlive the transaction (session-level
 /// advisory locks stay on a pooled connection), and server-side file or process access.
 const REFUSED_WORDS: &[&str] = &[
     "processed_message",
     "processed_message_handler",
+    "dead_letter_repair",
     "set_config",
     "pg_advisory_lock",
     "pg_advisory_lock_shared",
@@ -355,6 +356,7 @@ mod tests {
             "select pg_read_file('/etc/passwd')",
             "with d as (delete from processed_message returning 1) select 1",
             "update processed_message_handler set plugin_digest = 'x'",
+            "delete from dead_letter_repair",
         ] {
             assert!(check(sql).is_err(), "{sql} should be refused");
         }

@@ -180,8 +180,12 @@ async fn terminal_failures_are_dead_lettered_with_reason() {
         Some("OrderPlaced")
     );
     assert_eq!(
-        headers.get("Nats-Msg-Id").map(|v| v.as_str()),
-        Some("inventory-reservation-v1/evt-nosku")
+        headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.as_str())
+            .and_then(|v| v.rsplit_once('/'))
+            .map(|(prefix, seq)| (prefix, seq.parse::<u64>().is_ok())),
+        Some(("inventory-reservation-v1/evt-nosku", true))
     );
     assert_eq!(
         headers.get("Idemhost-Consumer").map(|v| v.as_str()),

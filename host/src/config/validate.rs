@@ -1,0 +1,171 @@
+//! Validation of a parsed configuration: every rule that needs no server, checked before any
+//! consumer starts; the first violation names its key.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::{Config, ConfigError, is_kv_key};
+
+impl Config {
+    /// Checks every rule that does not need a server; the first violation names its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: String, problem: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                problem: problem.to_string(),
+            })
+        };
+        if url::Url::parse(&self.nats.url).is_err() {
+            return bad("nats.url".into(), "is not a URL");
+        }
+        if !self.postgres.url.starts_with("postgres://")
+            && !self.postgres.url.starts_with("postgresql://")
+        {
+            return bad(
+                "postgres.url".into(),
+                "must start with postgres:// or postgresql://",
+            );
+        }
+        if let Some(schema) = &self.postgres.schema {
+            let plain = schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if schema.is_empty()
+                || !plain
+                || schema.len() > 63
+                || schema.starts_with(|c: char| c.is_ascii_digit())
+            {
+                return bad(
+                    "postgres.schema".into(),
+                    "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
+                );
+            }
+        }
+        if self.postgres.max_connections == 0 {
+            return bad("postgres.max_connections".into(), "must be at least 1");
+        }
+        if let Some(listen) = &self.admin.listen {
+            if listen.parse::<std::net::SocketAddr>().is_err() {
+                return bad(
+                    "admin.listen".into(),
+                    "must be an address like 127.0.0.1:9464",
+                );
+            }
+        }
+        if self
+            .admin
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return bad(
+                "admin.token".into(),
+                "must not be empty (omit it to disable deploys)",
+            );
+        }
+        let p = &self.plugins;
+        if p.watch_interval.0 < Duration::from_millis(10) {
+            return bad("plugins.watch_interval".into(), "must be at least 10ms");
+        }
+        for (key, bucket) in [
+            ("plugins.object_bucket", &p.object_bucket),
+            ("plugins.version_bucket", &p.version_bucket),
+        ] {
+            if bucket.is_empty()
+                || !bucket
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return bad(key.into(), "must be a bucket name (A-Z, a-z, 0-9, - and _)");
+            }
+        }
+        if p.history == 0 || p.history > 64 {
+            return bad("plugins.history".into(), "must be between 1 and 64");
+        }
+        let mut names = HashSet::new();
+        let mut durables = HashSet::new();
+        for (i, c) in self.consumers.iter().enumerate() {
+            let key = |field: &str| format!("consumer[{i}].{field}");
+            if c.name.trim().is_empty()
+                || c.name.len() > 200
+                || c.name.chars().any(char::is_whitespace)
+            {
+                return bad(key("name"), "must be 1-200 characters without whitespace");
+            }
+            if self.plugins.store.is_some() && !is_kv_key(&c.name) {
+                return bad(
+                    key("name"),
+                    "must be usable as a NATS KV key when plugins.store is set \
+                     (A-Z, a-z, 0-9, -, _, =, /, . and no leading or trailing '.')",
+                );
+            }
+            if !names.insert(c.name.clone()) {
+                return bad(key("name"), "is used by two consumers");
+            }
+            if !durables.insert(c.durable_name()) {
+                return bad(
+                    key("durable"),
+                    "collides with another consumer's durable name",
+                );
+            }
+            if c.stream.is_empty()
+                || c.stream
+                    .chars()
+                    .any(|ch| matches!(ch, '.' | '*' | '>' | ' ' | '/' | '\\'))
+            {
+                return bad(
+                    key("stream"),
+                    "must be a JetStream stream name (no '.', '*', '>', spaces or slashes)",
+                );
+            }
+            if c.create_stream && c.subjects.is_empty() {
+                return bad(
+                    key("subjects"),
+                    "must list the stream's subjects when create_stream = true",
+                );
+            }
+            if c.max_in_flight == 0 || c.max_in_flight > 4096 {
+                return bad(key("max_in_flight"), "must be between 1 and 4096");
+            }
+            if c.max_deliver == 0 {
+                return bad(key("max_deliver"), "must be at least 1");
+            }
+            if c.backoff.is_empty() {
+                return bad(key("backoff"), "must list at least one delay");
+            }
+            if c.handler_timeout.0.is_zero() {
+                return bad(key("handler_timeout"), "must be positive");
+            }
+            if c.statement_timeout.is_some_and(|d| d.0.is_zero()) {
+                return bad(key("statement_timeout"), "must be positive");
+            }
+            if c.ack_wait.0 < Duration::from_secs(1) {
+                return bad(key("ack_wait"), "must be at least 1s");
+            }
+            if c.memory_limit.0 < (1 << 20) {
+                return bad(key("memory_limit"), "must be at least 1MiB");
+            }
+            if c.tx_max_attempts == 0 {
+                return bad(key("tx_max_attempts"), "must be at least 1");
+            }
+            if c.id_header.is_empty() {
+                return bad(key("id_header"), "must not be empty");
+            }
+            if c.dead_letter_subject().split('.').any(str::is_empty)
+                || c.dead_letter_subject().contains(['*', '>', ' '])
+            {
+                return bad(key("dead_letter_subject"), "must be a literal NATS subject");
+            }
+            if c.subjects.iter().any(|s| s.is_empty() || s.contains(' ')) {
+                return bad(key("subjects"), "must be NATS subjects");
+            }
+            if c.effect_query.as_deref().is_some_and(|q| !q.contains("$1")) {
+                return bad(
+                    key("effect_query"),
+                    "must use $1 (the message id, or `idemhost check --effect-param`)",
+                );
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,23 @@
+//! What an operator runs against a deployment, as a library the CLI calls: proving a message's
+//! marker and effect ([`check`]), marker table statistics and retention ([`markers`]), dead
+//! letters ([`dlq`]), and the broker queries they and the metrics samplers share ([`broker`]).
+
+pub mod broker;
+pub mod check;
+pub mod dlq;
+pub mod markers;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Time since `unix_ns` (nanoseconds since the epoch); zero if it is in the future.
+pub fn age_of(unix_ns: i128) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    u64::try_from(now - unix_ns).map_or(Duration::ZERO, Duration::from_nanos)
+}
+
+/// `1d 2h 3m`-style text for an age, to the second.
+pub fn human(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}

@@ -1,0 +1,98 @@
+//! Broker queries shared by the metrics samplers, `markers prune` and `dlq`: a consumer's
+//! backlog, the oldest message it has not acknowledged, the oldest message a stream still holds
+//! for a set of subjects.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, consumer::pull};
+
+use crate::config::ConsumerConfig;
+
+/// A consumer's state as the broker reports it.
+#[derive(Debug, Clone, Default)]
+pub struct ConsumerState {
+    /// Messages not delivered yet.
+    pub pending: u64,
+    /// Messages delivered and not acknowledged yet.
+    pub ack_pending: u64,
+    /// Age of the oldest message not acknowledged (delivered or not); `None` when all are.
+    pub oldest_unacked: Option<Duration>,
+}
+
+/// One consumer-info request, and when anything is unacknowledged, one message lookup per
+/// filter subject: the first message after the ack floor.
+pub async fn consumer_state(
+    js: &jetstream::Context,
+    config: &ConsumerConfig,
+) -> anyhow::Result<ConsumerState> {
+    let stream = js
+        .get_stream_no_info(&config.stream)
+        .await
+        .with_context(|| format!("stream {}", config.stream))?;
+    let durable = config.durable_name();
+    let consumer: jetstream::consumer::Consumer<pull::Config> = stream
+        .get_consumer(&durable)
+        .await
+        .map_err(|e| anyhow::anyhow!("consumer {durable} on {}: {e}", config.stream))?;
+    let info = consumer.cached_info();
+    let mut state = ConsumerState {
+        pending: info.num_pending,
+        ack_pending: info.num_ack_pending as u64,
+        oldest_unacked: None,
+    };
+    if state.pending + state.ack_pending > 0 {
+        let after = info.ack_floor.stream_sequence + 1;
+        state.oldest_unacked = oldest_from(&stream, &config.subjects, after).await?;
+    }
+    Ok(state)
+}
+
+/// The age of the first message at or after stream sequence `from` on any of `subjects`
+/// (all of the stream when empty); `None` when there is none.
+pub async fn oldest_from(
+    stream: &jetstream::stream::Stream<()>,
+    subjects: &[String],
+    from: u64,
+) -> anyhow::Result<Option<Duration>> {
+    let all = [">".to_string()];
+    let subjects = if subjects.is_empty() {
+        &all[..]
+    } else {
+        subjects
+    };
+    let mut oldest: Option<Duration> = None;
+    for subject in subjects {
+        match stream.get_first_raw_message_by_subject(subject, from).await {
+            Ok(m) => {
+                let age = super::age_of(m.time.unix_timestamp_nanos());
+                oldest = Some(oldest.map_or(age, |o| o.max(age)));
+            }
+            Err(e) if is_no_message(&e) => {}
+            Err(e) => return Err(anyhow::anyhow!("reading {subject} from the stream: {e}")),
+        }
+    }
+    Ok(oldest)
+}
+
+fn is_no_message(e: &jetstream::stream::RawMessageError) -> bool {
+    use jetstream::stream::RawMessageErrorKind;
+    matches!(e.kind(), RawMessageErrorKind::NoMessageFound)
+}
+
+/// The age of the oldest message `stream` holds on `subjects`, and the stream's `max_age`
+/// (zero: unlimited).
+pub async fn retention(
+    js: &jetstream::Context,
+    stream_name: &str,
+    subjects: &[String],
+) -> anyhow::Result<(Option<Duration>, Duration)> {
+    let mut stream = js
+        .get_stream(stream_name)
+        .await
+        .with_context(|| format!("stream {stream_name}"))?;
+    let max_age = stream.info().await?.config.max_age;
+    let stream = js.get_stream_no_info(stream_name).await?;
+    let oldest = oldest_from(&stream, subjects, 1).await?;
+    Ok((oldest, max_age))
+}

@@ -1,0 +1,149 @@
+//! Reading a delivery's headers: its message id, the W3C trace context it continues, and
+//! header-safe failure reasons for dead letters.
+
+use async_nats::HeaderMap;
+
+use super::REPLAY_ID_HEADER;
+use crate::config::MAX_MESSAGE_ID_BYTES;
+
+/// Longest failure reason put in a header.
+const MAX_REASON_BYTES: usize = 1024;
+
+pub(super) fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers.get(name).map(|v| v.as_str().to_string())
+}
+
+/// The delivery's message id: `Idemhost-Message-Id` if present, else `id_header`. Missing,
+/// empty and over-long ids are refused (terminal): an id is never invented.
+pub fn message_id(headers: &HeaderMap, id_header: &str) -> Result<String, String> {
+    let (name, value) = match header(headers, REPLAY_ID_HEADER) {
+        Some(v) => (REPLAY_ID_HEADER, v),
+        None => match header(headers, id_header) {
+            Some(v) => (id_header, v),
+            None => return Err(format!("missing message id header {id_header}")),
+        },
+    };
+    if value.trim().is_empty() {
+        return Err(format!("empty message id in header {name}"));
+    }
+    if value.len() > MAX_MESSAGE_ID_BYTES {
+        return Err(format!(
+            "message id in header {name} is {} bytes, over the {MAX_MESSAGE_ID_BYTES}-byte limit",
+            value.len()
+        ));
+    }
+    Ok(value)
+}
+
+pub(super) fn flatten(headers: &HeaderMap) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (name, values) in headers.iter() {
+        for v in values {
+            out.push((name.to_string(), v.as_str().to_string()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A reason fit for a header value: one line, bounded length.
+pub(super) fn header_safe(reason: &str) -> String {
+    let mut s: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if s.len() > MAX_REASON_BYTES {
+        let mut cut = MAX_REASON_BYTES;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// The trace id and parent span id of a W3C `traceparent` header
+/// (`00-<32 hex>-<16 hex>-<2 hex>`); `None` when it is absent or malformed (all-zero ids are
+/// invalid, and version `ff` is forbidden).
+pub(super) fn traceparent(headers: &HeaderMap) -> Option<(String, String)> {
+    let value = header(headers, "traceparent")?;
+    let mut parts = value.trim().split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let valid = hex(version, 2)
+        && version != "ff"
+        && (version != "00" || parts.next().is_none())
+        && hex(trace, 32)
+        && hex(parent, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0')
+        && parent.bytes().any(|b| b != b'0');
+    valid.then(|| (trace.to_string(), parent.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_id_prefers_replay_header_and_refuses_bad_ids() {
+        let mut h = HeaderMap::new();
+        assert!(
+            message_id(&h, "Nats-Msg-Id")
+                .unwrap_err()
+                .contains("missing")
+        );
+        h.insert("Nats-Msg-Id", "");
+        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("empty"));
+        h.insert("Nats-Msg-Id", "x".repeat(257).as_str());
+        assert!(
+            message_id(&h, "Nats-Msg-Id")
+                .unwrap_err()
+                .contains("257 bytes")
+        );
+        h.insert("Nats-Msg-Id", "x".repeat(256).as_str());
+        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap().len(), 256);
+        h.insert(REPLAY_ID_HEADER, "evt-7");
+        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap(), "evt-7");
+    }
+
+    #[test]
+    fn traceparent_is_parsed_strictly() {
+        let mut h = HeaderMap::new();
+        assert_eq!(traceparent(&h), None);
+        h.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
+        assert_eq!(
+            traceparent(&h),
+            Some((
+                "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+                "00f067aa0ba902b7".into()
+            ))
+        );
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "garbage",
+        ] {
+            h.insert("traceparent", bad);
+            assert_eq!(traceparent(&h), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn reasons_are_header_safe() {
+        assert_eq!(header_safe("a\nb\r\nc"), "a b  c");
+        assert_eq!(header_safe(&"é".repeat(1000)).len(), 1024);
+    }
+}
