@@ -80,7 +80,8 @@ impl Histogram {
             let n = c.load(Ordering::Relaxed);
             pending += n;
             total += n;
-            if i % 4 == 0 && upper_us(i) >= from_us {
+            // The last bucket also holds everything longer: it is the `+Inf` one.
+            if i % 4 == 0 && i < BUCKETS - 1 && upper_us(i) >= from_us {
                 buckets.push((upper_us(i) / 1e6, std::mem::take(&mut pending)));
             }
         }
