@@ -22,4 +22,5 @@ if command -v podman >/dev/null || command -v apt-get >/dev/null; then
 else
   echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
 fi
-cargo test --workspace --features idemhost/failpoints "$@"
+# failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
+cargo test --workspace --features idemhost/failpoints,idemhost/otlp "$@"

@@ -232,22 +232,42 @@ fn admin_base_url(config: &Config) -> anyhow::Result<String> {
     Ok(format!("http://{host}:{}", addr.port()))
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
+/// Logs to stderr; `RUST_LOG` filters (default `info`). Built with the `otlp` feature, spans
+/// are also exported when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 pub fn init_tracing(format: Option<LogFormat>) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format.unwrap_or(LogFormat::Text) {
-        LogFormat::Json => builder
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format.unwrap_or(LogFormat::Text) {
+        LogFormat::Json => fmt
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
-            .try_init(),
-        LogFormat::Text => builder.try_init(),
+            .boxed(),
+        LogFormat::Text => fmt.boxed(),
     };
+    let registry = tracing_subscriber::registry().with(fmt).with(filter);
+    #[cfg(feature = "otlp")]
+    let _ = registry.with(crate::otel::layer()).try_init();
+    #[cfg(not(feature = "otlp"))]
+    {
+        if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+            eprintln!(
+                "warning: OTEL_EXPORTER_OTLP_ENDPOINT is set, but this idemhost was built without the `otlp` feature"
+            );
+        }
+        let _ = registry.try_init();
+    }
+}
+
+/// Flushes exported spans (feature `otlp`); call once before the process exits.
+pub fn shutdown_tracing() {
+    #[cfg(feature = "otlp")]
+    crate::otel::shutdown();
 }
 
 /// Resolves on SIGINT or SIGTERM (also as PID 1 in a container: tokio installs real handlers).

@@ -17,6 +17,7 @@
 //! - [`host`]: wiring it all together and running until shutdown.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/plugins` (deploy, rollback).
 //! - [`metrics`]: the Prometheus metrics and their samplers.
+//! - `otel`: OTLP span export (feature `otlp`).
 //! - [`ops`]: operator tooling — `check`, marker stats and retention, dead-letter replay.
 //! - [`cli`]: the `idemhost` command line.
 //! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
@@ -36,6 +37,8 @@ pub mod histogram;
 pub mod host;
 pub mod metrics;
 pub mod ops;
+#[cfg(feature = "otlp")]
+pub mod otel;
 pub mod pg;
 pub mod plugin;
 pub mod registry;

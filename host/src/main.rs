@@ -16,7 +16,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(idemhost::cli::execute(cli)) {
+    let result = runtime.block_on(idemhost::cli::execute(cli));
+    idemhost::cli::shutdown_tracing();
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -278,6 +278,8 @@ impl ConsumerRuntime {
             "messaging.system" = "nats",
             "messaging.operation" = "process",
         );
+        #[cfg(feature = "otlp")]
+        crate::otel::continue_trace(&span, &headers);
         if self.log_payload_digest {
             use sha2::Digest as _;
             let digest = sha2::Sha256::digest(&msg.message.payload);
