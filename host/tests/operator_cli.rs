@@ -24,6 +24,14 @@ fn idemhost(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Runs `idemhost COMMAND --config CONFIG --consumer CONSUMER EXTRA`.
+fn op(command: &[&str], config: &str, consumer: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = command.to_vec();
+    args.extend_from_slice(&["--config", config, "--consumer", consumer]);
+    args.extend_from_slice(extra);
+    idemhost(&args)
+}
+
 fn write_config(tag: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(unique(tag));
     std::fs::create_dir_all(&dir).unwrap();
@@ -75,15 +83,7 @@ async fn check_proves_marker_and_effect() {
     nats.wait_drained(NAME, Duration::from_secs(30)).await;
     let config = path.to_str().unwrap();
 
-    let (code, out, err) = idemhost(&[
-        "check",
-        "--config",
-        config,
-        "--consumer",
-        NAME,
-        "--message-id",
-        "c-1",
-    ]);
+    let (code, out, err) = op(&["check"], config, NAME, &["--message-id", "c-1"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("marker:     yes"), "{out}");
     assert!(
@@ -92,16 +92,7 @@ async fn check_proves_marker_and_effect() {
     );
     assert!(out.contains("effect:     1 row(s)"), "{out}");
 
-    let (code, out, _) = idemhost(&[
-        "check",
-        "--config",
-        config,
-        "--consumer",
-        NAME,
-        "--message-id",
-        "c-1",
-        "--json",
-    ]);
+    let (code, out, _) = op(&["check"], config, NAME, &["--message-id", "c-1", "--json"]);
     assert_eq!(code, 0);
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["verdict"], "applied");
@@ -112,28 +103,12 @@ async fn check_proves_marker_and_effect() {
         .execute(&env.pool)
         .await
         .unwrap();
-    let (code, out, err) = idemhost(&[
-        "check",
-        "--config",
-        config,
-        "--consumer",
-        NAME,
-        "--message-id",
-        "c-1",
-    ]);
+    let (code, out, err) = op(&["check"], config, NAME, &["--message-id", "c-1"]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("INVARIANT VIOLATED"), "{err}");
     assert!(out.contains("effect:     0 row(s)"), "{out}");
 
-    let (code, out, err) = idemhost(&[
-        "check",
-        "--config",
-        config,
-        "--consumer",
-        NAME,
-        "--message-id",
-        "never-sent",
-    ]);
+    let (code, out, err) = op(&["check"], config, NAME, &["--message-id", "never-sent"]);
     assert_eq!(code, 3, "{out}{err}");
     assert!(out.contains("marker:     none"), "{out}");
     host.stop().await;
@@ -154,16 +129,12 @@ async fn markers_older_than(env: &TestEnv, consumer: &str, age: &str) -> i64 {
 }
 
 fn prune(config: &Path, consumer: &str, extra: &[&str]) -> (i32, String, String) {
-    let mut args = vec![
-        "markers",
-        "prune",
-        "--config",
+    op(
+        &["markers", "prune"],
         config.to_str().unwrap(),
-        "--consumer",
         consumer,
-    ];
-    args.extend_from_slice(extra);
-    idemhost(&args)
+        extra,
+    )
 }
 
 /// `markers prune` refuses inside the replay horizon, while the stream or the dead letters
@@ -311,7 +282,7 @@ async fn dlq_replay_keeps_the_original_id() {
         .await;
     nats.wait_drained(NAME, Duration::from_secs(30)).await;
 
-    let (code, out, err) = idemhost(&["dlq", "list", "--config", config, "--consumer", NAME]);
+    let (code, out, err) = op(&["dlq", "list"], config, NAME, &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("1 dead letter(s)"), "{out}");
     let line = out.lines().find(|l| l.contains("m-1")).unwrap_or_default();
@@ -322,16 +293,7 @@ async fn dlq_replay_keeps_the_original_id() {
         .execute(&env.pool)
         .await
         .unwrap();
-    let (code, out, err) = idemhost(&[
-        "dlq",
-        "replay",
-        "--config",
-        config,
-        "--consumer",
-        NAME,
-        "--message-id",
-        "m-1",
-    ]);
+    let (code, out, err) = op(&["dlq", "replay"], config, NAME, &["--message-id", "m-1"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("as m-1 to"), "{out}");
     wait_until(Duration::from_secs(30), "m-1 to apply", || async {
@@ -347,7 +309,7 @@ async fn dlq_replay_keeps_the_original_id() {
             .await,
         1
     );
-    let (_, out, _) = idemhost(&["dlq", "list", "--config", config, "--consumer", NAME]);
+    let (_, out, _) = op(&["dlq", "list"], config, NAME, &[]);
     assert!(
         out.contains("0 dead letter(s)"),
         "replayed letters leave the DLQ: {out}"
@@ -355,15 +317,7 @@ async fn dlq_replay_keeps_the_original_id() {
 
     // A dead letter of a message that had applied: the replay is a duplicate.
     hand_dead_letter(&nats, NAME, "m-2", &insert_effect("ops_effect", "m-2"), "a").await;
-    let (code, out, err) = idemhost(&[
-        "dlq",
-        "replay",
-        "--config",
-        config,
-        "--consumer",
-        NAME,
-        "--all",
-    ]);
+    let (code, out, err) = op(&["dlq", "replay"], config, NAME, &["--all"]);
     assert_eq!(code, 0, "{out}{err}");
     let metrics_url = format!("http://{admin}/metrics");
     let duplicate = format!(
@@ -389,12 +343,6 @@ async fn dlq_replay_keeps_the_original_id() {
     // Reprocessing on purpose: a new id, recorded before it is published, usable once.
     hand_dead_letter(&nats, NAME, "m-2", &insert_effect("ops_effect", "m-2"), "b").await;
     let repair = [
-        "dlq",
-        "replay",
-        "--config",
-        config,
-        "--consumer",
-        NAME,
         "--message-id",
         "m-2",
         "--repair-key",
@@ -402,7 +350,7 @@ async fn dlq_replay_keeps_the_original_id() {
         "--reason",
         "effect lost in a restore",
     ];
-    let (code, out, err) = idemhost(&repair);
+    let (code, out, err) = op(&["dlq", "replay"], config, NAME, &repair);
     assert_eq!(code, 0, "{out}{err}");
     wait_until(Duration::from_secs(30), "the repair to apply", || async {
         (env.scalar("SELECT count(*) FROM ops_effect WHERE message_id = 'm-2'")
@@ -421,7 +369,7 @@ async fn dlq_replay_keeps_the_original_id() {
         1
     );
     hand_dead_letter(&nats, NAME, "m-2", &insert_effect("ops_effect", "m-2"), "c").await;
-    let (code, _, err) = idemhost(&repair);
+    let (code, _, err) = op(&["dlq", "replay"], config, NAME, &repair);
     assert_eq!(code, 1);
     assert!(
         err.contains("repair key m-2-repair-1 was already used"),
