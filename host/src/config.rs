@@ -413,31 +413,30 @@ impl Config {
             .parse()
             .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         for (var, value) in env {
-            if let Some(path) = var.strip_prefix("IDEMHOST_") {
-                if path.contains("__") {
-                    apply_override(&mut table, path, &value).map_err(|message| {
-                        ConfigError::Env {
-                            var: var.clone(),
-                            message,
-                        }
-                    })?;
-                }
+            if let Some(path) = var.strip_prefix("IDEMHOST_")
+                && path.contains("__")
+            {
+                apply_override(&mut table, path, &value).map_err(|message| ConfigError::Env {
+                    var: var.clone(),
+                    message,
+                })?;
             }
         }
         let mut config: Config = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         for c in &mut config.consumers {
-            if let Some(p) = &c.plugin {
-                if p.is_relative() {
-                    c.plugin = Some(base.join(p));
-                }
+            if let Some(p) = &c.plugin
+                && p.is_relative()
+            {
+                c.plugin = Some(base.join(p));
             }
         }
-        if let Some(p) = &config.host.compile_cache {
-            if p.is_relative() && p != Path::new(COMPILE_CACHE_OFF) {
-                config.host.compile_cache = Some(base.join(p));
-            }
+        if let Some(p) = &config.host.compile_cache
+            && p.is_relative()
+            && p != Path::new(COMPILE_CACHE_OFF)
+        {
+            config.host.compile_cache = Some(base.join(p));
         }
         config.validate()?;
         Ok(config)

@@ -69,10 +69,10 @@ where
 
 /// Exports what is still buffered; called once before the process exits.
 pub fn shutdown() {
-    if let Some(p) = PROVIDER.get() {
-        if let Err(e) = p.shutdown_with_timeout(Duration::from_secs(5)) {
-            eprintln!("warning: OTLP export did not flush: {e}");
-        }
+    if let Some(p) = PROVIDER.get()
+        && let Err(e) = p.shutdown_with_timeout(Duration::from_secs(5))
+    {
+        eprintln!("warning: OTLP export did not flush: {e}");
     }
 }
 

@@ -44,13 +44,13 @@ impl Config {
         if self.postgres.max_connections == 0 {
             return bad("postgres.max_connections".into(), "must be at least 1");
         }
-        if let Some(listen) = &self.admin.listen {
-            if listen.parse::<std::net::SocketAddr>().is_err() {
-                return bad(
-                    "admin.listen".into(),
-                    "must be an address like 127.0.0.1:9464",
-                );
-            }
+        if let Some(listen) = &self.admin.listen
+            && listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return bad(
+                "admin.listen".into(),
+                "must be an address like 127.0.0.1:9464",
+            );
         }
         if self
             .admin
