@@ -385,3 +385,76 @@ async fn dlq_replay_keeps_the_original_id() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// `--log-format json`: the delivery's line carries consumer, message id, event type, the
+/// trace id of its `traceparent`, attempt, outcome and durations — and never the payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_delivery_fields_not_the_payload() {
+    const NAME: &str = "logs-v1";
+    let env = TestEnv::new("logs").await;
+    let nats = NatsEnv::new("logs", Duration::from_secs(60)).await;
+    let text = config_text(&env, &nats, NAME, "testkit", "");
+    let config = write_config("logs", &text);
+    let child = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "logged-1");
+    headers.insert("Idemhost-Event-Type", "OrderPlaced");
+    headers.insert(
+        "traceparent",
+        format!("00-{trace_id}-b7ad6b7169203331-01").as_str(),
+    );
+    let payload = r#"{"steps":[],"secret":"do-not-log-me"}"#;
+    nats.js
+        .publish_with_headers(nats.subject(), headers, payload.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(60), "the message to apply", || async {
+        (env.markers(NAME).await == 1).then_some(())
+    })
+    .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("do-not-log-me"),
+        "the payload leaked: {stderr}"
+    );
+    let done: serde_json::Value = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["message"] == "delivery done")
+        .unwrap_or_else(|| panic!("no `delivery done` line: {stderr}"));
+    let span = &done["span"];
+    assert_eq!(span["name"], "idemhost.delivery", "{done}");
+    assert_eq!(span["consumer"], NAME, "{done}");
+    assert_eq!(span["message_id"], "logged-1", "{done}");
+    assert_eq!(span["event_type"], "OrderPlaced", "{done}");
+    assert_eq!(span["trace_id"], trace_id, "{done}");
+    assert_eq!(span["attempt"], 1, "{done}");
+    assert_eq!(span["outcome"], "applied", "{done}");
+    assert!(span["tx_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{done}");
+    assert!(
+        span["plugin"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:")),
+        "{done}"
+    );
+    nats.cleanup().await;
+    env.cleanup().await;
+}
