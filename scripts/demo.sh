@@ -73,4 +73,8 @@ echo "== markers and inventory"
 PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" psql -X -h 127.0.0.1 \
   -c "SELECT consumer_name, message_id FROM processed_message ORDER BY message_id" \
   -c "SELECT sku, available, reserved FROM inventory ORDER BY sku"
+echo "== operator view: prove a marker, marker growth, the dead letters"
+"$BIN" check --config "$CONFIG" --consumer inventory-reservation-v1 --message-id "evt-$run-1"
+"$BIN" markers stats --config "$CONFIG"
+"$BIN" dlq list --config "$CONFIG" --consumer inventory-reservation-v1 --limit 5
 echo "host log: $LOG"
