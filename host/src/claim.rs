@@ -11,6 +11,7 @@ use tracing::{Instrument, debug, info_span};
 use crate::config::{ConsumerConfig, Isolation};
 use crate::failpoint;
 use crate::handler::{Handler, HandlerError, Message};
+use crate::outbox::Origin;
 use crate::pg::{self, FailureKind};
 use crate::txn::TxHandle;
 
@@ -291,7 +292,8 @@ impl Claimer {
                 .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e)),
             Ok(Some(_)) => {
                 failpoint::hit("after_claim");
-                self.run_handler(handler, msg, TxHandle::new(tx), timing)
+                let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers);
+                self.run_handler(handler, msg, TxHandle::new(tx, origin), timing)
                     .await
             }
         }

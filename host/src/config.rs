@@ -27,6 +27,9 @@ pub struct Config {
     /// What `/metrics` samples on an interval (broker consumer state, marker table growth).
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The relay of events handlers publish through the transactional outbox.
+    #[serde(default)]
+    pub outbox: OutboxConfig,
     /// One entry per logical consumer (`[[consumer]]`).
     #[serde(rename = "consumer", default)]
     pub consumers: Vec<ConsumerConfig>,
@@ -162,6 +165,32 @@ impl Default for MetricsConfig {
         MetricsConfig {
             consumer_interval: d_15s(),
             marker_interval: d_60s(),
+        }
+    }
+}
+
+/// The outbox relay.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Run the relay in this process (every replica may: they share the table with `FOR UPDATE
+    /// SKIP LOCKED`). It holds one PostgreSQL connection for `LISTEN` besides the pool's.
+    #[serde(default = "default_true")]
+    pub relay: bool,
+    /// Polling interval besides the `LISTEN/NOTIFY` wake-up.
+    #[serde(default = "d_1s")]
+    pub poll_interval: Dur,
+    /// Rows published per relay transaction.
+    #[serde(default = "default_outbox_batch")]
+    pub batch: u32,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            relay: true,
+            poll_interval: d_1s(),
+            batch: default_outbox_batch(),
         }
     }
 }
@@ -561,6 +590,9 @@ fn default_object_bucket() -> String {
 }
 fn default_version_bucket() -> String {
     "idemhost-plugin-versions".into()
+}
+fn default_outbox_batch() -> u32 {
+    256
 }
 fn default_plugin_history() -> u32 {
     16

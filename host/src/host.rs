@@ -241,6 +241,17 @@ impl Host {
             config.consumers.clone(),
             stop_rx.clone(),
         );
+        // The relay stops after the consumers: its last pass sends what they committed.
+        let (relay_stop, relay_stop_rx) = watch::channel(false);
+        let relay = config.outbox.relay.then(|| {
+            crate::outbox::relay::spawn(
+                pool.clone(),
+                js.clone(),
+                metrics.clone(),
+                &config.outbox,
+                relay_stop_rx,
+            )
+        });
         let drain = config.host.shutdown_timeout.0;
         let mut running = tokio::task::JoinSet::new();
         for rt in runtimes {
@@ -253,6 +264,16 @@ impl Host {
         info!("shutdown requested; finishing in-flight deliveries");
         let _ = stop_tx.send(true);
         while running.join_next().await.is_some() {}
+        if let Some(mut relay) = relay {
+            let _ = relay_stop.send(true);
+            tokio::select! {
+                _ = &mut relay => {}
+                _ = tokio::time::sleep(drain) => {
+                    relay.abort();
+                    tracing::warn!("outbox relay did not finish its last pass; the next relay sends the rest");
+                }
+            }
+        }
         // A swap still validating is abandoned: it only takes effect when installed.
         for f in followers.into_iter().chain(samplers) {
             f.abort();

@@ -7,6 +7,7 @@
 //! - [`source`]: JetStream binding, the pull loop, ack / nak / term and dead-lettering.
 //! - [`claim`]: the delivery's transaction — claim, handler, commit — and its [`Outcome`].
 //! - [`txn`]: the transaction handle lent to a handler for the duration of one call.
+//! - [`outbox`]: events published through the transaction (`tx.publish`) and their relay.
 //! - [`sql_gate`]: what handler SQL may do; parameter binding and value conversion.
 //! - [`plugin`]: WASM components — loading, validation, the compile cache, sandboxed
 //!   per-delivery instances.
@@ -39,6 +40,7 @@ pub mod metrics;
 pub mod ops;
 #[cfg(feature = "otlp")]
 pub mod otel;
+pub mod outbox;
 pub mod pg;
 pub mod plugin;
 pub mod registry;

@@ -95,6 +95,10 @@ pub struct Metrics {
     oldest_marker: SecondsGauge,
     marker_table_bytes: Gauge,
     sample_errors: Family<SamplerLabels, Counter>,
+    outbox_published: Family<ConsumerLabels, Counter>,
+    outbox_errors: Family<ConsumerLabels, Counter>,
+    outbox_lag: Seconds,
+    outbox_oldest: Gauge<f64, AtomicU64>,
     plugins: Arc<PluginCollector>,
 }
 
@@ -127,6 +131,10 @@ impl Metrics {
             oldest_marker: Family::default(),
             marker_table_bytes: Gauge::default(),
             sample_errors: Family::default(),
+            outbox_published: Family::default(),
+            outbox_errors: Family::default(),
+            outbox_lag: seconds(),
+            outbox_oldest: Gauge::default(),
             plugins: Arc::new(PluginCollector::default()),
             registry: Registry::default(),
         };
@@ -228,6 +236,27 @@ impl Metrics {
             "Failed samples, by sampler: consumer (JetStream) or markers (PostgreSQL)",
             m.sample_errors.clone(),
         );
+        r.register(
+            "outbox_published",
+            "Outbox events the relay published and JetStream acknowledged, by the consumer whose \
+             handler published them",
+            m.outbox_published.clone(),
+        );
+        r.register(
+            "outbox_publish_errors",
+            "Outbox publishes that failed (retried on the next relay pass)",
+            m.outbox_errors.clone(),
+        );
+        r.register(
+            "outbox_lag_seconds",
+            "From the commit that wrote an outbox event (its row's insert) to JetStream's ack",
+            m.outbox_lag.clone(),
+        );
+        r.register(
+            "outbox_oldest_seconds",
+            "Age of the oldest outbox event not yet relayed; 0 when none",
+            m.outbox_oldest.clone(),
+        );
         r.register_collector(Box::new(m.plugins.clone()));
         Metrics { registry: r, ..m }
     }
@@ -303,6 +332,29 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(c.oldest.map_or(0.0, |d| d.as_secs_f64()));
         }
+    }
+
+    /// An outbox event of `consumer` was published `lag` after its row was written.
+    pub fn outbox_published(&self, consumer: &str, lag: Duration) {
+        let labels = ConsumerLabels {
+            consumer: consumer.to_string(),
+        };
+        self.outbox_published.get_or_create(&labels).inc();
+        self.outbox_lag
+            .get_or_create(&labels)
+            .observe(lag.as_secs_f64());
+    }
+
+    pub fn outbox_failed(&self, consumer: &str) {
+        self.outbox_errors
+            .get_or_create(&ConsumerLabels {
+                consumer: consumer.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_outbox_oldest(&self, age: Duration) {
+        self.outbox_oldest.set(age.as_secs_f64());
     }
 
     /// Counts a failed sample of `sampler`.

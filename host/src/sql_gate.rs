@@ -26,12 +26,14 @@ const ALLOWED_FIRST_WORDS: &[&str] = &[
 ];
 
 /// Identifiers refused anywhere in a statement: the host's tables (only the host claims
-/// markers, records plugin versions and audits repairs), functions that change session settings or outlive the transaction (session-level
+/// markers, records plugin versions, audits repairs and writes the outbox — plugins publish
+/// through `tx.publish`), functions that change session settings or outlive the transaction (session-level
 /// advisory locks stay on a pooled connection), and server-side file or process access.
 const REFUSED_WORDS: &[&str] = &[
     "processed_message",
     "processed_message_handler",
     "dead_letter_repair",
+    "outbox_message",
     "set_config",
     "pg_advisory_lock",
     "pg_advisory_lock_shared",
@@ -357,6 +359,7 @@ mod tests {
             "with d as (delete from processed_message returning 1) select 1",
             "update processed_message_handler set plugin_digest = 'x'",
             "delete from dead_letter_repair",
+            "insert into outbox_message (subject) values ('x')",
         ] {
             assert!(check(sql).is_err(), "{sql} should be refused");
         }

@@ -8,6 +8,7 @@ use futures::TryStreamExt;
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 use tokio::sync::Mutex;
 
+use crate::outbox::{self, Origin};
 use crate::pg::{self, FailureKind};
 use crate::sql_gate::{self, SqlValue};
 
@@ -22,6 +23,8 @@ struct TxState {
     /// `None` once the delivery took the transaction back (or lost it).
     tx: Option<Transaction<'static, Postgres>>,
     poison: Option<Poison>,
+    /// Events published through the outbox so far in this call (the next one's `seq`).
+    published: u32,
 }
 
 /// A handle on the open transaction of one delivery. Cheap to clone; every clone stops working
@@ -29,6 +32,7 @@ struct TxState {
 #[derive(Clone)]
 pub struct TxHandle {
     state: Arc<Mutex<TxState>>,
+    origin: Arc<Origin>,
 }
 
 /// Error of a handle call. `Refused` and `Database` are data for the handler; `Closed` means the
@@ -44,12 +48,43 @@ pub enum TxError {
 }
 
 impl TxHandle {
-    pub(crate) fn new(tx: Transaction<'static, Postgres>) -> Self {
+    pub(crate) fn new(tx: Transaction<'static, Postgres>, origin: Origin) -> Self {
         TxHandle {
             state: Arc::new(Mutex::new(TxState {
                 tx: Some(tx),
                 poison: None,
+                published: 0,
             })),
+            origin: Arc::new(origin),
+        }
+    }
+
+    /// Publishes an event through the transactional outbox: a row in this transaction that
+    /// the relay sends after the commit (see [`outbox`]).
+    pub async fn publish(
+        &self,
+        subject: &str,
+        headers: &[(String, String)],
+        payload: &[u8],
+    ) -> Result<(), TxError> {
+        let headers = outbox::event_headers(&self.origin, subject, headers, payload)
+            .map_err(TxError::Refused)?;
+        let mut state = self.state.lock().await;
+        let seq = state.published;
+        if seq >= outbox::MAX_EVENTS_PER_DELIVERY {
+            return Err(TxError::Refused(format!(
+                "at most {} events may be published per delivery",
+                outbox::MAX_EVENTS_PER_DELIVERY
+            )));
+        }
+        let conn = state.usable()?;
+        let result = outbox::insert(conn, &self.origin, seq, subject, &headers, payload).await;
+        match result {
+            Ok(()) => {
+                state.published += 1;
+                Ok(())
+            }
+            Err(e) => Err(state.poison_with(&e)),
         }
     }
 

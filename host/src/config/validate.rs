@@ -82,6 +82,12 @@ impl Config {
         if p.history == 0 || p.history > 64 {
             return bad("plugins.history".into(), "must be between 1 and 64");
         }
+        if self.outbox.batch == 0 || self.outbox.batch > 10_000 {
+            return bad("outbox.batch".into(), "must be between 1 and 10000");
+        }
+        if self.outbox.poll_interval.0 < Duration::from_millis(10) {
+            return bad("outbox.poll_interval".into(), "must be at least 10ms");
+        }
         let mut names = HashSet::new();
         let mut durables = HashSet::new();
         for (i, c) in self.consumers.iter().enumerate() {

@@ -84,6 +84,17 @@ impl database::HostTransaction for PluginState {
         }))
     }
 
+    async fn publish(
+        &mut self,
+        tx: Resource<TxHandle>,
+        subject: String,
+        headers: Vec<(String, String)>,
+        payload: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let handle = self.table.get(&tx)?.clone();
+        guest_result(handle.publish(&subject, &headers, &payload).await)
+    }
+
     async fn drop(&mut self, tx: Resource<TxHandle>) -> wasmtime::Result<()> {
         self.table.delete(tx)?;
         Ok(())

@@ -6,7 +6,8 @@
 //! ends the script with `retryable(error)` unless `"keep_going": true`, in which case the error
 //! text is recorded by the next `{"record_errors": TABLE}` step), `{"fail": "retryable" |
 //! "terminal", "reason": TEXT}`, `{"fail_before_attempt": N}` (retryable while the delivery
-//! attempt is below N), `"trap"`, `"loop"`, `{"alloc_mib": N}`, `{"log": TEXT}`.
+//! attempt is below N), `"trap"`, `"loop"`, `{"alloc_mib": N}`, `{"log": TEXT}`,
+//! `{"publish": SUBJECT, "payload": TEXT, "headers": [[NAME, VALUE], ...]}` (through the outbox).
 //! Params are JSON: null, bool, integer, float or string.
 
 wit_bindgen::generate!({ path: "../../wit", world: "handler" });
@@ -74,6 +75,18 @@ impl Guest for Testkit {
                     hoard.push(vec![1u8; 1 << 20]);
                 }
                 Ok(())
+            } else if let Some(subject) = step.get("publish").and_then(Value::as_str) {
+                let payload = step.get("payload").and_then(Value::as_str).unwrap_or("");
+                let headers: Vec<(String, String)> = step
+                    .get("headers")
+                    .and_then(Value::as_array)
+                    .map(|hs| {
+                        hs.iter()
+                            .filter_map(|h| Some((h.get(0)?.as_str()?.to_string(), h.get(1)?.as_str()?.to_string())))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                tx.publish(subject, &headers, payload.as_bytes())
             } else if let Some(text) = step.get("log").and_then(Value::as_str) {
                 log("info", text);
                 Ok(())

@@ -1,0 +1,201 @@
+//! The transactional outbox. A handler's `tx.publish(subject, headers, payload)` writes a row of
+//! `outbox_message` in the delivery's own transaction ([`insert`]); the [`relay`] publishes
+//! committed rows to JetStream and deletes them once the stream acknowledged. An event therefore
+//! leaves exactly when the effect that caused it committed, and carries a deterministic broker
+//! id — `<consumer>/<source message id>/<seq>` — so neither a redelivery of the source message
+//! (its transaction either committed the rows once or rolled them back) nor a relay crash
+//! between publish and delete (the same id again) makes a second event downstream.
+
+use sqlx::{Postgres, Transaction};
+
+pub mod relay;
+
+/// Events one delivery may publish.
+pub const MAX_EVENTS_PER_DELIVERY: u32 = 1000;
+/// Largest event payload (NATS's default `max_payload`).
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// Header naming the message whose handling published the event.
+pub const CAUSATION_HEADER: &str = "Idemhost-Causation-Id";
+
+const MAX_SUBJECT_BYTES: usize = 256;
+const MAX_HEADERS: usize = 64;
+const MAX_HEADER_NAME_BYTES: usize = 128;
+const MAX_HEADER_VALUE_BYTES: usize = 4096;
+/// Trace context headers copied from the source message unless the handler sets its own.
+const PROPAGATED: [&str; 2] = ["traceparent", "tracestate"];
+
+/// What an event published during one delivery derives from: the consumer and message it
+/// belongs to, and the trace context headers of that message.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub consumer: String,
+    pub message_id: String,
+    pub trace: Vec<(String, String)>,
+}
+
+impl Origin {
+    /// The origin of events published while `consumer` handles a message with these headers.
+    pub fn new(consumer: &str, message_id: &str, headers: &[(String, String)]) -> Self {
+        Origin {
+            consumer: consumer.to_string(),
+            message_id: message_id.to_string(),
+            trace: headers
+                .iter()
+                .filter(|(k, _)| PROPAGATED.iter().any(|p| p.eq_ignore_ascii_case(k)))
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+/// The broker id of event `seq` of `origin`.
+pub fn event_id(consumer: &str, source_message_id: &str, seq: i32) -> String {
+    format!("{consumer}/{source_message_id}/{seq}")
+}
+
+/// Checks a handler's event and returns the headers it is published with: the handler's, plus
+/// the causation id and the source's trace context (unless the handler set its own).
+pub fn event_headers(
+    origin: &Origin,
+    subject: &str,
+    headers: &[(String, String)],
+    payload: &[u8],
+) -> Result<Vec<(String, String)>, String> {
+    check_subject(subject)?;
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(format!(
+            "event payload is {} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit",
+            payload.len()
+        ));
+    }
+    if headers.len() > MAX_HEADERS {
+        return Err(format!("at most {MAX_HEADERS} event headers"));
+    }
+    for (name, value) in headers {
+        let token = |c: char| c.is_ascii_graphic() && c != ':';
+        if name.is_empty() || name.len() > MAX_HEADER_NAME_BYTES || !name.chars().all(token) {
+            return Err(format!("invalid event header name {name:?}"));
+        }
+        if value.len() > MAX_HEADER_VALUE_BYTES || value.chars().any(char::is_control) {
+            return Err(format!("invalid value of event header {name}"));
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("nats-")
+            || lower == "idemhost-message-id"
+            || lower == CAUSATION_HEADER.to_ascii_lowercase()
+        {
+            return Err(format!(
+                "event header {name} is set by the host (ids derive from the source message)"
+            ));
+        }
+    }
+    let mut out = headers.to_vec();
+    out.push((CAUSATION_HEADER.to_string(), origin.message_id.clone()));
+    for (name, value) in &origin.trace {
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            out.push((name.clone(), value.clone()));
+        }
+    }
+    Ok(out)
+}
+
+fn check_subject(subject: &str) -> Result<(), String> {
+    let bad = subject.is_empty()
+        || subject.len() > MAX_SUBJECT_BYTES
+        || subject
+            .split('.')
+            .any(|t| t.is_empty() || t == "*" || t == ">")
+        || subject.chars().any(|c| c.is_whitespace() || c.is_control());
+    if bad {
+        return Err(format!(
+            "invalid event subject {subject:?}: a literal NATS subject (no wildcards, no spaces, at most {MAX_SUBJECT_BYTES} bytes)"
+        ));
+    }
+    Ok(())
+}
+
+/// Writes event `seq` of `origin` in `tx`.
+pub async fn insert(
+    tx: &mut Transaction<'static, Postgres>,
+    origin: &Origin,
+    seq: u32,
+    subject: &str,
+    headers: &[(String, String)],
+    payload: &[u8],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO outbox_message \
+         (consumer_name, source_message_id, seq, subject, headers, payload) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&origin.consumer)
+    .bind(&origin.message_id)
+    .bind(seq as i32)
+    .bind(subject)
+    .bind(sqlx::types::Json(headers))
+    .bind(payload)
+    .execute(&mut **tx)
+    .await
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin() -> Origin {
+        Origin::new(
+            "inventory-v1",
+            "evt-1",
+            &[
+                ("Nats-Msg-Id".into(), "evt-1".into()),
+                ("traceparent".into(), "00-ab-cd-01".into()),
+            ],
+        )
+    }
+
+    #[test]
+    fn events_get_causation_and_trace_headers() {
+        let h = event_headers(
+            &origin(),
+            "inventory.reserved",
+            &[("A".into(), "b".into())],
+            b"{}",
+        )
+        .unwrap();
+        assert_eq!(
+            h,
+            vec![
+                ("A".to_string(), "b".to_string()),
+                (CAUSATION_HEADER.to_string(), "evt-1".to_string()),
+                ("traceparent".to_string(), "00-ab-cd-01".to_string()),
+            ]
+        );
+        let own = [("traceparent".to_string(), "00-ef-01-01".to_string())];
+        let h = event_headers(&origin(), "x", &own, b"").unwrap();
+        assert_eq!(h.iter().filter(|(k, _)| k == "traceparent").count(), 1);
+        assert_eq!(event_id("inventory-v1", "evt-1", 2), "inventory-v1/evt-1/2");
+    }
+
+    #[test]
+    fn bad_events_are_refused() {
+        let o = origin();
+        for subject in ["", "a.*", "a.>", "a..b", "a b", ".a"] {
+            assert!(event_headers(&o, subject, &[], b"").is_err(), "{subject:?}");
+        }
+        for name in [
+            "Nats-Msg-Id",
+            "nats-expected-stream",
+            "Idemhost-Message-Id",
+            "Idemhost-Causation-Id",
+            "a:b",
+            "",
+        ] {
+            let h = [(name.to_string(), "v".to_string())];
+            assert!(event_headers(&o, "x", &h, b"").is_err(), "{name:?}");
+        }
+        let h = [("X".to_string(), "a\r\nb".to_string())];
+        assert!(event_headers(&o, "x", &h, b"").is_err());
+        assert!(event_headers(&o, "x", &[], &vec![0; MAX_PAYLOAD_BYTES + 1]).is_err());
+    }
+}

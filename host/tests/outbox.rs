@@ -1,0 +1,173 @@
+//! The transactional outbox through the real NATS and PostgreSQL: an event published by a
+//! handler leaves only when its delivery commits, under a broker id derived from (consumer,
+//! source message id, position), with the causation id and trace context copied; a rolled-back
+//! or duplicate delivery publishes nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull};
+use futures::StreamExt;
+
+use common::*;
+
+const NAME: &str = "outbox-v1";
+
+fn publish_step(subject: &str, payload: &str) -> String {
+    format!(
+        r#"{{"publish":"{subject}","payload":"{payload}","headers":[["Idemhost-Event-Type","ThingHappened"]]}}"#
+    )
+}
+
+/// Every message stored on `subject`, as (headers, payload), read without consuming.
+async fn events(nats: &NatsEnv, subject: &str) -> Vec<(async_nats::HeaderMap, String)> {
+    let stream = nats.js.get_stream(&nats.stream).await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: subject.to_string(),
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(10_000)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .unwrap();
+    while let Some(Ok(m)) = batch.next().await {
+        out.push((
+            m.message.headers.clone().unwrap_or_default(),
+            String::from_utf8_lossy(&m.message.payload).to_string(),
+        ));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_leave_only_with_their_commit() {
+    let env = TestEnv::new("outbox").await;
+    let nats = NatsEnv::new("outbox", Duration::from_millis(200)).await;
+    sqlx::query("CREATE TABLE ob_errors (error text)")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let text = config_text(&env, &nats, NAME, "testkit", "max_deliver = 1")
+        + &format!("\n[admin]\nlisten = \"{admin}\"\n[outbox]\npoll_interval = \"50ms\"\n");
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    let out = format!("{}.events.thing", nats.prefix);
+    let step = |payload: &str| publish_step(&out, payload);
+
+    // One event, with the source's trace context.
+    let mut h = async_nats::HeaderMap::new();
+    h.insert("Nats-Msg-Id", "ok-1");
+    h.insert(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
+    let script = format!(r#"{{"steps":[{}]}}"#, step("first"));
+    nats.js
+        .publish_with_headers(nats.subject(), h, script.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // Two events from one delivery.
+    nats.publish(
+        Some("ok-2"),
+        &format!(r#"{{"steps":[{},{}]}}"#, step("second-a"), step("second-b")),
+    )
+    .await;
+    // Published, then failed: rolled back with its event.
+    nats.publish(
+        Some("fail-1"),
+        &format!(r#"{{"steps":[{},{{"fail":"terminal"}}]}}"#, step("never")),
+    )
+    .await;
+    // Refused events are errors the handler sees (here recorded, then committed without them).
+    let refused = format!(
+        r#"{{"keep_going":true,"steps":[{{"publish":"{out}","headers":[["Nats-Msg-Id","x"]]}},{{"publish":"a.*"}},{{"record_errors":"ob_errors"}}]}}"#
+    );
+    nats.publish(Some("refused-1"), &refused).await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    // ok-1 again past the broker's window: a duplicate, which publishes nothing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nats.publish(Some("ok-1"), &format!(r#"{{"steps":[{}]}}"#, step("again")))
+        .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+
+    wait_until(
+        Duration::from_secs(30),
+        "the relay to publish 3 events",
+        || async {
+            let n = events(&nats, &out).await.len();
+            (n >= 3 && env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // nothing more comes
+    let got = events(&nats, &out).await;
+    let summary: Vec<(String, String, String)> = got
+        .iter()
+        .map(|(h, p)| {
+            let get = |k: &str| h.get(k).map(|v| v.as_str().to_string()).unwrap_or_default();
+            (get("Nats-Msg-Id"), get("Idemhost-Causation-Id"), p.clone())
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("outbox-v1/ok-1/0".into(), "ok-1".into(), "first".into()),
+            ("outbox-v1/ok-2/0".into(), "ok-2".into(), "second-a".into()),
+            ("outbox-v1/ok-2/1".into(), "ok-2".into(), "second-b".into()),
+        ],
+        "exactly the committed deliveries' events, in order"
+    );
+    let first = &got[0].0;
+    assert_eq!(
+        first.get("traceparent").map(|v| v.as_str()),
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    );
+    assert_eq!(
+        first.get("Idemhost-Event-Type").map(|v| v.as_str()),
+        Some("ThingHappened")
+    );
+    let errors: Vec<String> = sqlx::query_scalar("SELECT error FROM ob_errors ORDER BY error")
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("Nats-Msg-Id is set by the host")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("invalid event subject \"a.*\"")),
+        "{errors:?}"
+    );
+
+    let metrics =
+        idemhost::admin::http::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
+            .await
+            .unwrap();
+    let line = format!("idemhost_outbox_published_total{{consumer=\"{NAME}\"}} 3");
+    assert!(metrics.lines().any(|l| l == line), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "idemhost_outbox_lag_seconds_count{{consumer=\"{NAME}\"}} 3"
+        )),
+        "{metrics}"
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
