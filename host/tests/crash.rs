@@ -151,3 +151,104 @@ async fn crash_after_claim_loses_nothing() {
 async fn crash_before_commit_loses_nothing() {
     crash_then_recover("before_commit", 0).await;
 }
+
+/// Events for the crash test: the source consumer publishes one per message; its payload is
+/// the downstream consumer's script, recording the event once.
+fn source_script(events: &str, i: usize) -> String {
+    let downstream = format!(
+        r#"{{"steps":[{{"execute":"INSERT INTO downstream_effect (event) VALUES ($1)","params":["e-{i}"]}}]}}"#
+    );
+    let step = serde_json::json!({"publish": events, "payload": downstream});
+    format!(r#"{{"steps":[{step}]}}"#)
+}
+
+/// The relay SIGKILLed after publishing a batch and before deleting its rows: after the
+/// restart it publishes them again under the same ids, and downstream there is still exactly
+/// one event — and one effect — per source message.
+#[tokio::test]
+async fn crash_between_outbox_publish_and_delete_sends_each_event_once() {
+    const SOURCE: &str = "outbox-source-v1";
+    const DOWNSTREAM: &str = "outbox-downstream-v1";
+    let env = TestEnv::new("crash_outbox").await;
+    sqlx::query("CREATE TABLE downstream_effect (event text NOT NULL)")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let nats = NatsEnv::new("crash_outbox", Duration::from_secs(120)).await;
+    let events = format!("{}.events.thing", nats.prefix);
+    // A short ack_wait: deliveries in flight at the kill come back quickly.
+    let text = config_text(&env, &nats, SOURCE, "testkit", "ack_wait = \"2s\"")
+        + &format!(
+            "\n[[consumer]]\nname = \"{DOWNSTREAM}\"\nstream = \"{}\"\nsubjects = [\"{events}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}.dlq2\"\nack_wait = \"2s\"\n",
+            nats.stream,
+            plugin_path("testkit").display(),
+            nats.prefix
+        );
+    let dir = std::env::temp_dir().join(unique("idemhost_crash_outbox"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("idemhost.toml");
+    std::fs::write(&config, text).unwrap();
+    for i in 0..10 {
+        nats.publish(Some(&format!("src-{i}")), &source_script(&events, i))
+            .await;
+    }
+
+    let mut host = spawn_host(
+        &config,
+        Some("outbox_after_publish"),
+        &dir.join("first.log"),
+    );
+    let status = wait_exit(&mut host, Duration::from_secs(60)).await;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let left = env.scalar("SELECT count(*) FROM outbox_message").await;
+    assert!(left >= 1, "the published batch's rows are still there");
+
+    let mut host = spawn_host(&config, None, &dir.join("second.log"));
+    wait_until(
+        Duration::from_secs(60),
+        "every event applied downstream",
+        || async {
+            (env.markers(DOWNSTREAM).await == 10
+                && env.scalar("SELECT count(*) FROM outbox_message").await == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    nats.wait_drained(DOWNSTREAM, Duration::from_secs(30)).await;
+    assert_eq!(env.markers(SOURCE).await, 10);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM downstream_effect").await,
+        10,
+        "one effect per event"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(DISTINCT event) FROM downstream_effect")
+            .await,
+        10
+    );
+    let mut subjects = nats
+        .js
+        .get_stream(&nats.stream)
+        .await
+        .unwrap()
+        .info_with_subjects(events.clone())
+        .await
+        .unwrap();
+    let mut stored = 0;
+    while let Some(entry) = futures::StreamExt::next(&mut subjects).await {
+        stored += entry.unwrap().1;
+    }
+    assert_eq!(
+        stored, 10,
+        "the republished batch was absorbed by the stream's duplicate window"
+    );
+    unsafe { libc::kill(host.id() as i32, libc::SIGTERM) };
+    assert!(
+        wait_exit(&mut host, Duration::from_secs(30))
+            .await
+            .success()
+    );
+    nats.cleanup().await;
+    env.cleanup().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
