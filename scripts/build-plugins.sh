@@ -40,13 +40,14 @@ WIT=("$ROOT"/wit/*.wit)
 
 # -- Rust (wasm32-wasip2) -----------------------------------------------------------------------
 if want rust; then
-  say "rust: inventory, testkit, template-rust, versioned-a/b"
+  say "rust: inventory, testkit, template-rust, versioned-a/b, order-flow (reservation, notification, analytics)"
   rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
   cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
   out=plugins/target/wasm32-wasip2/release
   cp "$out/inventory.wasm" "$DIST/inventory.wasm"
   cp "$out/testkit.wasm" "$DIST/testkit.wasm"
   cp "$out/template_rust.wasm" "$DIST/template-rust.wasm"
+  for p in reservation notification analytics; do cp "$out/order_$p.wasm" "$DIST/order-$p.wasm"; done
   # Two versions of one plugin for the hot-swap tests: the workspace build above is version a.
   cp "$out/versioned.wasm" "$DIST/versioned-a.wasm"
   cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml -p versioned --features v2
@@ -74,9 +75,10 @@ componentize_py() { # name app-dir
   stamp "$name"
 }
 if want py; then
-  say "python: inventory-py, template-py"
+  say "python: inventory-py, template-py, order-payment-py"
   ensure_python_tools
   componentize_py inventory-py plugins/inventory-py
+  componentize_py order-payment-py plugins/order-payment-py
   componentize_py template-py plugins/templates/python
 fi
 

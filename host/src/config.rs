@@ -320,7 +320,8 @@ pub struct ConsumerConfig {
     /// must capture it (with `create_stream`, the host creates one).
     #[serde(default)]
     pub dead_letter_subject: Option<String>,
-    /// Create the stream (and a dead-letter stream) when missing, instead of failing.
+    /// Create the stream (and a dead-letter stream) when missing, instead of failing; add
+    /// this consumer's subjects to the stream when it lacks them (consumers sharing a stream).
     #[serde(default)]
     pub create_stream: bool,
     /// Header holding the producer's stable message id. `Idemhost-Message-Id`, set by

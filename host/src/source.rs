@@ -63,13 +63,35 @@ pub async fn bind(
 ) -> anyhow::Result<ConsumerRuntime> {
     let name = &config.name;
     let stream = if config.create_stream {
-        js.get_or_create_stream(stream::Config {
-            name: config.stream.clone(),
-            subjects: config.subjects.clone(),
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("consumer {name}: failed to create stream {}", config.stream))?
+        let mut stream = js
+            .get_or_create_stream(stream::Config {
+                name: config.stream.clone(),
+                subjects: config.subjects.clone(),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| {
+                format!("consumer {name}: failed to create stream {}", config.stream)
+            })?;
+        // Several consumers may share a stream they create: each adds the subjects it lacks.
+        let mut wanted = stream.cached_info().config.clone();
+        let missing: Vec<String> = config
+            .subjects
+            .iter()
+            .filter(|s| !wanted.subjects.iter().any(|have| subject_matches(have, s)))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            wanted.subjects.extend(missing);
+            js.update_stream(&wanted).await.with_context(|| {
+                format!(
+                    "consumer {name}: failed to add its subjects to stream {}",
+                    config.stream
+                )
+            })?;
+            stream = js.get_stream(&config.stream).await?;
+        }
+        stream
     } else {
         js.get_stream(&config.stream).await.with_context(|| {
             format!(
@@ -140,6 +162,19 @@ pub async fn bind(
                 config.stream
             )
         })?;
+    if config.subjects.len() > 1 {
+        // Several filter subjects need NATS 2.10; an older server ignores the field and would
+        // deliver the whole stream (this consumer's dead letters included) to this consumer.
+        let applied = &consumer.cached_info().config.filter_subjects;
+        if applied != &config.subjects {
+            let _ = stream.delete_consumer(&durable).await;
+            anyhow::bail!(
+                "consumer {name}: `subjects` lists {} subjects, which needs a NATS server 2.10 or newer \
+                 (filter_subjects); this server ignored the filter. Use one subject (wildcards allowed)",
+                config.subjects.len()
+            );
+        }
+    }
     Ok(ConsumerRuntime {
         config: config.clone(),
         js: js.clone(),

@@ -369,9 +369,17 @@ pub struct RunningHost {
 impl RunningHost {
     pub fn start(host: Host) -> RunningHost {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(host.run(idemhost::host::RunOptions::default(), async move {
+        let run = host.run(idemhost::host::RunOptions::default(), async move {
             let _ = rx.await;
-        }));
+        });
+        let task = tokio::spawn(async move {
+            let result = run.await;
+            if let Err(e) = &result {
+                // Shown at once, not only when the test stops the host.
+                eprintln!("host failed: {e:#}");
+            }
+            result
+        });
         RunningHost {
             stop: Some(tx),
             task,

@@ -40,7 +40,10 @@ impl Guest for Inventory {
         // A SQL error here already poisoned the host's transaction; the host classifies it
         // (serialization failures are retried whole), so we only pass its text along.
         let changed = tx
-            .execute(RESERVE, &[SqlValue::Int(event.quantity), SqlValue::Text(event.sku)])
+            .execute(
+                RESERVE,
+                &[SqlValue::Int(event.quantity), SqlValue::Text(event.sku)],
+            )
             .map_err(HandlerError::Retryable)?;
         if changed != 1 {
             return Err(HandlerError::Terminal(format!(
@@ -48,7 +51,10 @@ impl Guest for Inventory {
                 event.order_id
             )));
         }
-        log("debug", &format!("reserved {} for {}", event.quantity, event.order_id));
+        log(
+            "debug",
+            &format!("reserved {} for {}", event.quantity, event.order_id),
+        );
         Ok(())
     }
 }

@@ -44,8 +44,15 @@ impl Guest for Testkit {
     fn handle(tx: &Transaction, msg: Message) -> Result<(), HandlerError> {
         let script: Value = serde_json::from_slice(&msg.payload)
             .map_err(|e| HandlerError::Terminal(format!("bad script: {e}")))?;
-        let keep_going = script.get("keep_going").and_then(Value::as_bool).unwrap_or(false);
-        let steps = script.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
+        let keep_going = script
+            .get("keep_going")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let steps = script
+            .get("steps")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let mut errors: Vec<String> = Vec::new();
         let mut hoard: Vec<Vec<u8>> = Vec::new();
         for step in &steps {
@@ -56,18 +63,25 @@ impl Guest for Testkit {
             } else if let Some(table) = step.get("record_errors").and_then(Value::as_str) {
                 for e in errors.drain(..) {
                     let sql = format!("INSERT INTO {table} (error) VALUES ($1)");
-                    tx.execute(&sql, &[SqlValue::Text(e)]).map_err(HandlerError::Retryable)?;
+                    tx.execute(&sql, &[SqlValue::Text(e)])
+                        .map_err(HandlerError::Retryable)?;
                 }
                 Ok(())
             } else if let Some(kind) = step.get("fail").and_then(Value::as_str) {
-                let reason = step.get("reason").and_then(Value::as_str).unwrap_or("asked to fail");
+                let reason = step
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("asked to fail");
                 return Err(match kind {
                     "terminal" => HandlerError::Terminal(reason.to_string()),
                     _ => HandlerError::Retryable(reason.to_string()),
                 });
             } else if let Some(n) = step.get("fail_before_attempt").and_then(Value::as_u64) {
                 if u64::from(msg.delivery_attempt) < n {
-                    return Err(HandlerError::Retryable(format!("attempt {} < {n}", msg.delivery_attempt)));
+                    return Err(HandlerError::Retryable(format!(
+                        "attempt {} < {n}",
+                        msg.delivery_attempt
+                    )));
                 }
                 Ok(())
             } else if let Some(mib) = step.get("alloc_mib").and_then(Value::as_u64) {
@@ -82,7 +96,12 @@ impl Guest for Testkit {
                     .and_then(Value::as_array)
                     .map(|hs| {
                         hs.iter()
-                            .filter_map(|h| Some((h.get(0)?.as_str()?.to_string(), h.get(1)?.as_str()?.to_string())))
+                            .filter_map(|h| {
+                                Some((
+                                    h.get(0)?.as_str()?.to_string(),
+                                    h.get(1)?.as_str()?.to_string(),
+                                ))
+                            })
                             .collect()
                     })
                     .unwrap_or_default();

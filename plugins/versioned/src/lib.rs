@@ -16,7 +16,6 @@ const VERSION: &str = "b";
 
 struct Versioned;
 
-
 impl Guest for Versioned {
     fn handle(tx: &Transaction, msg: Message) -> Result<(), HandlerError> {
         tx.execute(

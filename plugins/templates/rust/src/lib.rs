@@ -28,7 +28,9 @@ fn note_added(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
     let event: NoteAdded = serde_json::from_slice(&msg.payload)
         .map_err(|e| HandlerError::Terminal(format!("malformed NoteAdded payload: {e}")))?;
     if event.text.is_empty() {
-        return Err(HandlerError::Terminal("noteId and a non-empty text are required".into()));
+        return Err(HandlerError::Terminal(
+            "noteId and a non-empty text are required".into(),
+        ));
     }
     // A business key can arrive under two message ids: ON CONFLICT DO NOTHING keeps the
     // transaction healthy (a unique violation would abort it) and the count tells us.
@@ -49,9 +51,14 @@ fn note_added(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
         log("info", &format!("note {} already recorded", event.note_id));
         return Ok(());
     }
-    let rows = tx.query("SELECT count(*) FROM note", &[]).map_err(HandlerError::Retryable)?;
+    let rows = tx
+        .query("SELECT count(*) FROM note", &[])
+        .map_err(HandlerError::Retryable)?;
     if let Some(SqlValue::Int(count)) = rows.first().and_then(|r| r.first()) {
-        log("info", &format!("note {} recorded; {count} notes", event.note_id));
+        log(
+            "info",
+            &format!("note {} recorded; {count} notes", event.note_id),
+        );
     }
     Ok(())
 }
@@ -86,8 +93,12 @@ fn conformance(tx: &Transaction, msg: &Message, case: &str) -> Result<(), Handle
         "busy-loop" => loop {
             std::hint::black_box(());
         },
-        "retry" => Err(HandlerError::Retryable("conformance: retry requested".into())),
-        other => Err(HandlerError::Terminal(format!("unknown conformance case {other}"))),
+        "retry" => Err(HandlerError::Retryable(
+            "conformance: retry requested".into(),
+        )),
+        other => Err(HandlerError::Terminal(format!(
+            "unknown conformance case {other}"
+        ))),
     }
 }
 
@@ -97,9 +108,7 @@ impl Guest for Template {
     fn handle(tx: &Transaction, msg: Message) -> Result<(), HandlerError> {
         match msg.event_type.as_deref().unwrap_or("") {
             "NoteAdded" => note_added(tx, &msg),
-            t if t.starts_with("conformance.") => {
-                conformance(tx, &msg, &t["conformance.".len()..])
-            }
+            t if t.starts_with("conformance.") => conformance(tx, &msg, &t["conformance.".len()..]),
             t => Err(HandlerError::Terminal(format!("unknown event type {t:?}"))),
         }
     }

@@ -1,0 +1,29 @@
+//! The order-flow example's fake payment provider as its own process: an idemhost embedding with
+//! one native handler (`examples/order-flow/provider.toml`).
+//!
+//! `cargo run --example order_flow_provider -- --config examples/order-flow/provider.toml`
+
+use std::sync::Arc;
+
+#[path = "order_flow/provider.rs"]
+mod provider;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let config = match (args.next().as_deref(), args.next()) {
+        (Some("--config"), Some(path)) => path,
+        _ => anyhow::bail!("usage: order_flow_provider --config FILE"),
+    };
+    let config = idemhost::Config::load(config.as_ref())?;
+    idemhost::cli::init_tracing(config.host.log_format);
+    let result = idemhost::Host::new(config)
+        .with_handler(provider::CONSUMER, Arc::new(provider::FakeProvider))
+        .run(
+            idemhost::host::RunOptions::default(),
+            idemhost::cli::shutdown_signal(),
+        )
+        .await;
+    idemhost::cli::shutdown_tracing();
+    result
+}

@@ -1,0 +1,40 @@
+//! `analytics-v1` reads the same `OrderPlaced` events as `inventory-reservation-v1`: one message
+//! id, two consumer names, two markers, two effects — each consumer's marker guards only its own.
+
+wit_bindgen::generate!({ path: "../../wit", world: "handler" });
+
+use exports::idemhost::consumer::handling::Guest;
+use idemhost::consumer::database::Transaction;
+use idemhost::consumer::types::{HandlerError, Message, SqlValue};
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OrderPlaced {
+    order_id: String,
+    sku: String,
+    quantity: i64,
+}
+
+struct Analytics;
+
+impl Guest for Analytics {
+    fn handle(tx: &Transaction, msg: Message) -> Result<(), HandlerError> {
+        if msg
+            .event_type
+            .as_deref()
+            .is_some_and(|t| t != "OrderPlaced")
+        {
+            return Ok(());
+        }
+        let e: OrderPlaced = serde_json::from_slice(&msg.payload)
+            .map_err(|e| HandlerError::Terminal(format!("malformed OrderPlaced: {e}")))?;
+        tx.execute(
+            "INSERT INTO order_analytics (message_id, order_id, sku, quantity) VALUES ($1, $2, $3, $4)",
+            &[SqlValue::Text(msg.id), SqlValue::Text(e.order_id), SqlValue::Text(e.sku), SqlValue::Int(e.quantity)],
+        )
+        .map_err(HandlerError::Retryable)?;
+        Ok(())
+    }
+}
+
+export!(Analytics);
