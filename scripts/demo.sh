@@ -1,80 +1,112 @@
 #!/usr/bin/env bash
-# The order-flow demo, end to end against the local PostgreSQL and NATS: builds the plugins
-# and the host, migrates, seeds stock, runs the host, publishes a few OrderPlaced events
-# (including a duplicate delivery and one that cannot be served), prints each outcome and the
-# resulting inventory, then stops the host with SIGTERM.
+# The order-flow demo, end to end against the local PostgreSQL and NATS: builds the plugins,
+# the host and the fake payment provider, migrates a fresh schema, seeds stock, runs the host
+# (five consumers, examples/order-flow/idemhost.toml) and the provider (its own process,
+# provider.toml), publishes a few orders — with a producer retry, a replay, a semantic
+# duplicate, one that cannot be served and a cancellation that arrives before its order —
+# then stops both with SIGTERM and prints, per order, the chain of effects, each delivery's
+# outcome, and the operator's view (marker + effect proof, marker growth, dead letters).
 #
-#   scripts/demo.sh            # the Rust inventory plugin
-#   scripts/demo.sh py         # the same handler in Python (or js, c): only the config differs
+#   scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case ${1:-rust} in
-  rust) PLUGIN=inventory ;;
-  py | js | c) PLUGIN=inventory-$1 ;;
-  *) echo "usage: scripts/demo.sh [rust|py|js|c]" >&2; exit 2 ;;
-esac
-# The env override of the consumer's `plugin` key: the config file stays the same.
-export IDEMHOST_CONSUMER__0__PLUGIN=$PWD/plugins/dist/$PLUGIN.wasm
 export PGDATABASE=${PGDATABASE:-test} PGOPTIONS="-c client_min_messages=warning"
 CONFIG=examples/order-flow/idemhost.toml
+PROVIDER_CONFIG=examples/order-flow/provider.toml
 SCHEMA=order_demo
 NATS=${IDEMHOST_NATS__URL:-nats://127.0.0.1:4222}
 
-echo "== building the plugins and the host (this consumer runs $PLUGIN.wasm)"
+echo "== building the plugins, the host and the fake payment provider"
 scripts/build-plugins.sh
-cargo build --quiet -p idemhost
+cargo build --quiet -p idemhost --bin idemhost --example order_flow_provider
 BIN=target/debug/idemhost
+PROVIDER=target/debug/examples/order_flow_provider
 
-echo "== fresh schema $SCHEMA: host migrations, the example's inventory table, stock"
+echo "== fresh schema $SCHEMA: host migrations, the example's tables, stock"
 psql -q -X -h 127.0.0.1 -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE"
 "$BIN" migrate --config "$CONFIG"
 PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" psql -q -X -h 127.0.0.1 -v ON_ERROR_STOP=1 \
   -f examples/order-flow/migrations/0001_inventory.sql \
+  -f examples/order-flow/migrations/0002_order_flow.sql \
   -c "INSERT INTO inventory VALUES ('sku-1', 10, 0), ('sku-2', 10, 0), ('sku-3', 1, 0)"
 
 LOG=$(mktemp -t idemhost-demo.XXXXXX.log)
+PLOG=$(mktemp -t idemhost-provider.XXXXXX.log)
+wait_running() { # log
+  for _ in $(seq 900); do grep -q '"idemhost running"' "$1" && break; sleep 0.1; done
+  grep -q '"idemhost running"' "$1" || { cat "$1"; echo "a process did not start" >&2; exit 1; }
+}
 "$BIN" --log-format json run --config "$CONFIG" --no-migrate 2>"$LOG" &
 HOST=$!
-trap 'kill $HOST 2>/dev/null || true' EXIT
-# A cold start compiles the plugin (seconds for Python or JavaScript); later starts use the cache.
-for _ in $(seq 600); do grep -q '"idemhost running"' "$LOG" && break; sleep 0.1; done
-grep -q '"idemhost running"' "$LOG" || { cat "$LOG"; echo "host did not start" >&2; exit 1; }
+trap 'kill $HOST ${PROV:-} 2>/dev/null || true' EXIT
+# A cold start compiles the plugins (seconds for Python); later starts use the compile cache.
+wait_running "$LOG"
+"$PROVIDER" --config "$PROVIDER_CONFIG" 2>"$PLOG" &
+PROV=$!
+wait_running "$PLOG"
 
 run=$(date +%s)
-pub() { "$BIN" publish --nats-url "$NATS" --subject demo.orders.placed --event-type OrderPlaced "$@"; }
-echo "== publishing (ids carry run $run)"
-pub --id "evt-$run-1" "{\"id\":\"evt-$run-1\",\"orderId\":\"o-1\",\"sku\":\"sku-1\",\"quantity\":2}"
-pub --id "evt-$run-2" "{\"id\":\"evt-$run-2\",\"orderId\":\"o-2\",\"sku\":\"sku-2\",\"quantity\":1}"
+pub() { "$BIN" publish --nats-url "$NATS" "$@" >/dev/null; }
+order() { echo "{\"orderId\":\"$1-$run\",\"sku\":\"$2\",\"quantity\":$3}"; }
+echo "== publishing (order and message ids carry run $run)"
+echo "-- o-1 (2 × sku-1) and o-2 (1 × sku-2)"
+pub --subject demo.orders.placed --event-type OrderPlaced --id "evt-$run-1" "$(order o-1 sku-1 2)"
+pub --subject demo.orders.placed --event-type OrderPlaced --id "evt-$run-2" "$(order o-2 sku-2 1)"
 echo "-- the producer retries evt-$run-1: JetStream's duplicate window absorbs it"
-pub --id "evt-$run-1" "{\"id\":\"evt-$run-1\",\"orderId\":\"o-1\",\"sku\":\"sku-1\",\"quantity\":2}"
+pub --subject demo.orders.placed --event-type OrderPlaced --id "evt-$run-1" "$(order o-1 sku-1 2)"
 echo "-- evt-$run-1 is delivered again past the broker (a replay): the marker decides"
-pub --id "replay-$run-1" --header "Idemhost-Message-Id: evt-$run-1" \
-  "{\"id\":\"evt-$run-1\",\"orderId\":\"o-1\",\"sku\":\"sku-1\",\"quantity\":2}"
-echo "-- o-3 wants 5 units of sku-3, which has 1: a terminal failure, dead-lettered"
-pub --id "evt-$run-3" "{\"id\":\"evt-$run-3\",\"orderId\":\"o-3\",\"sku\":\"sku-3\",\"quantity\":5}"
+pub --subject demo.orders.placed --event-type OrderPlaced --id "replay-$run-1" \
+  --header "Idemhost-Message-Id: evt-$run-1" "$(order o-1 sku-1 2)"
+echo "-- o-1 again under a NEW message id (a semantic duplicate): the business key decides"
+pub --subject demo.orders.placed --event-type OrderPlaced --id "evt-$run-1b" "$(order o-1 sku-1 2)"
+echo "-- o-3 wants 5 × sku-3, which has 1: a terminal failure, dead-lettered"
+pub --subject demo.orders.placed --event-type OrderPlaced --id "evt-$run-3" "$(order o-3 sku-3 5)"
+echo "-- o-4 is cancelled before it is placed: the cancellation wins"
+pub --subject demo.orders.cancelled --event-type OrderCancelled --id "cancel-$run-4" "{\"orderId\":\"o-4-$run\"}"
+sleep 0.5
+pub --subject demo.orders.placed --event-type OrderPlaced --id "evt-$run-4" "$(order o-4 sku-2 1)"
 
-for _ in $(seq 200); do
-  [ "$(grep -c '"outcome"' "$LOG")" -ge 4 ] && [ "$(grep -c '"dead-lettered"' "$LOG")" -ge 1 ] && break
+psql_demo() { PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" psql -X -h 127.0.0.1 "$@"; }
+for _ in $(seq 300); do
+  done_=$(psql_demo -tAc "SELECT (SELECT count(*) FROM notification) = 2 AND (SELECT count(*) FROM payment_attempt WHERE status = 'authorized') = 2 AND (SELECT count(*) FROM outbox_message) = 0")
+  [ "$done_" = t ] && break
   sleep 0.1
 done
-kill -TERM $HOST; wait $HOST; trap - EXIT
+sleep 1
+kill -TERM $HOST $PROV; wait $HOST; wait $PROV; trap - EXIT
 
-echo "== outcomes"
-python3 - "$LOG" <<'PY'
+echo "== per order: the chain of effects"
+psql_demo -c "
+SELECT o.order_id,
+       coalesce(s.status, '-') AS state,
+       coalesce(r.sku || ' × ' || r.quantity || ' ' || r.status, '-') AS reservation,
+       coalesce(p.idempotency_key || ' ' || p.status, '-') AS payment,
+       coalesce(a.authorization_id, '-') AS provider,
+       CASE WHEN n.order_id IS NULL THEN '-' ELSE 'sent' END AS notification,
+       (SELECT count(*) FROM order_analytics x WHERE x.order_id = o.order_id) AS analytics
+FROM (SELECT DISTINCT order_id FROM order_analytics UNION SELECT order_id FROM order_state) o
+LEFT JOIN order_state s USING (order_id)
+LEFT JOIN inventory_reservation r USING (order_id)
+LEFT JOIN payment_attempt p USING (order_id)
+LEFT JOIN provider_authorization a USING (order_id)
+LEFT JOIN notification n USING (order_id)
+ORDER BY o.order_id"
+echo "== each delivery's outcome"
+python3 - "$LOG" "$PLOG" <<'PY'
 import json, sys
-for line in open(sys.argv[1]):
-    try: v = json.loads(line)
-    except ValueError: continue
-    if "outcome" in v:
-        s = v.get("span", {})
-        print(f"  {s.get('message_id',''):<22} {v['outcome']:<18} {v.get('reason','')}")
+for path in sys.argv[1:]:
+    for line in open(path):
+        try: v = json.loads(line)
+        except ValueError: continue
+        if "outcome" in v and v.get("message") in ("delivery done", "delivery failed; dead-lettering"):
+            s = v.get("span", {})
+            print(f"  {s.get('consumer',''):<26} {s.get('message_id','')[:58]:<58} {v['outcome']:<17} {v.get('reason','')}")
 PY
 echo "== markers and inventory"
-PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" psql -X -h 127.0.0.1 \
-  -c "SELECT consumer_name, message_id FROM processed_message ORDER BY message_id" \
+psql_demo -c "SELECT consumer_name, count(*) AS markers FROM processed_message GROUP BY 1 ORDER BY 1" \
   -c "SELECT sku, available, reserved FROM inventory ORDER BY sku"
-echo "== operator view: prove a marker, marker growth, the dead letters"
-"$BIN" check --config "$CONFIG" --consumer inventory-reservation-v1 --message-id "evt-$run-1"
+echo "== operator view: prove marker and effect, marker growth, the dead letters"
+"$BIN" check --config "$CONFIG" --consumer inventory-reservation-v1 --message-id "evt-$run-1" --effect-param "o-1-$run"
 "$BIN" markers stats --config "$CONFIG"
 "$BIN" dlq list --config "$CONFIG" --consumer inventory-reservation-v1 --limit 5
-echo "host log: $LOG"
+echo "host log: $LOG  provider log: $PLOG"

@@ -73,15 +73,19 @@ pub async fn bind(
             .with_context(|| {
                 format!("consumer {name}: failed to create stream {}", config.stream)
             })?;
-        // Several consumers may share a stream they create: each adds the subjects it lacks.
-        let mut wanted = stream.cached_info().config.clone();
-        let missing: Vec<String> = config
-            .subjects
-            .iter()
-            .filter(|s| !wanted.subjects.iter().any(|have| subject_matches(have, s)))
-            .cloned()
-            .collect();
-        if !missing.is_empty() {
+        // Several consumers (or processes) may share a stream they create: each adds the
+        // subjects it lacks, re-reading after its update in case a concurrent one overwrote it.
+        for _ in 0..5 {
+            let mut wanted = stream.cached_info().config.clone();
+            let missing: Vec<String> = config
+                .subjects
+                .iter()
+                .filter(|s| !wanted.subjects.iter().any(|have| subject_matches(have, s)))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
             wanted.subjects.extend(missing);
             js.update_stream(&wanted).await.with_context(|| {
                 format!(

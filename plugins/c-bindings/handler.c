@@ -11,6 +11,9 @@ extern void __wasm_import_idemhost_consumer_database_method_transaction_execute(
 __attribute__((__import_module__("idemhost:consumer/database@0.1.0"), __import_name__("[method]transaction.query")))
 extern void __wasm_import_idemhost_consumer_database_method_transaction_query(int32_t, uint8_t *, size_t, uint8_t *, size_t, uint8_t *);
 
+__attribute__((__import_module__("idemhost:consumer/database@0.1.0"), __import_name__("[method]transaction.publish")))
+extern void __wasm_import_idemhost_consumer_database_method_transaction_publish(int32_t, uint8_t *, size_t, uint8_t *, size_t, uint8_t *, size_t, uint8_t *);
+
 // Imported Functions from `idemhost:consumer/logging@0.1.0`
 
 __attribute__((__import_module__("idemhost:consumer/logging@0.1.0"), __import_name__("log")))
@@ -195,6 +198,13 @@ void idemhost_consumer_database_result_list_list_sql_value_string_free(idemhost_
   }
 }
 
+void idemhost_consumer_database_result_void_string_free(idemhost_consumer_database_result_void_string_t *ptr) {
+  if (!ptr->is_err) {
+  } else {
+    handler_string_free(&ptr->val.err);
+  }
+}
+
 void exports_idemhost_consumer_handling_message_free(exports_idemhost_consumer_handling_message_t *ptr) {
   idemhost_consumer_types_message_free(ptr);
 }
@@ -284,6 +294,31 @@ bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_datab
   }
   if (!result.is_err) {
     *ret = result.val.ok;
+    return 1;
+  } else {
+    *err = result.val.err;
+    return 0;
+  }
+}
+
+bool idemhost_consumer_database_method_transaction_publish(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *subject, handler_list_tuple2_string_string_t *headers, handler_list_u8_t *payload, handler_string_t *err) {
+  __attribute__((__aligned__(sizeof(void*))))
+  uint8_t ret_area[(3*sizeof(void*))];
+  uint8_t *ptr = (uint8_t *) &ret_area;
+  __wasm_import_idemhost_consumer_database_method_transaction_publish((self).__handle, (uint8_t *) (*subject).ptr, (*subject).len, (uint8_t *) (*headers).ptr, (*headers).len, (uint8_t *) (*payload).ptr, (*payload).len, ptr);
+  idemhost_consumer_database_result_void_string_t result;
+  switch ((int32_t) *((uint8_t*) (ptr + 0))) {
+    case 0: {
+      result.is_err = false;
+      break;
+    }
+    case 1: {
+      result.is_err = true;
+      result.val.err = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + sizeof(void*)))), (*((size_t*) (ptr + (2*sizeof(void*))))) };
+      break;
+    }
+  }
+  if (!result.is_err) {
     return 1;
   } else {
     *err = result.val.err;

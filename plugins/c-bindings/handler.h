@@ -121,6 +121,13 @@ typedef struct {
   } val;
 } idemhost_consumer_database_result_list_list_sql_value_string_t;
 
+typedef struct {
+  bool is_err;
+  union {
+    handler_string_t err;
+  } val;
+} idemhost_consumer_database_result_void_string_t;
+
 typedef idemhost_consumer_types_message_t exports_idemhost_consumer_handling_message_t;
 
 typedef idemhost_consumer_types_handler_error_t exports_idemhost_consumer_handling_handler_error_t;
@@ -139,6 +146,13 @@ typedef struct {
 extern bool idemhost_consumer_database_method_transaction_execute(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, uint64_t *ret, handler_string_t *err);
 // Runs a statement and returns its rows, each a list of column values.
 extern bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, idemhost_consumer_database_list_list_sql_value_t *ret, handler_string_t *err);
+// Publishes an event through the transactional outbox: a row written in this same
+// transaction, relayed to JetStream by the host only after the commit — never if the
+// delivery rolls back. Its broker id is derived from the consumer name, this message's id
+// and the call's position within `handle`, so redeliveries and relay restarts cannot
+// duplicate it. The host adds `Idemhost-Causation-Id` (this message's id) and copies
+// `traceparent`/`tracestate`; `Nats-Msg-Id` and `Idemhost-Message-Id` may not be set.
+extern bool idemhost_consumer_database_method_transaction_publish(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *subject, handler_list_tuple2_string_string_t *headers, handler_list_u8_t *payload, handler_string_t *err);
 
 // Imported Functions from `idemhost:consumer/logging@0.1.0`
 // `level` is one of trace, debug, info, warn, error. Lines join the delivery's log span.
@@ -178,6 +192,8 @@ void idemhost_consumer_database_result_u64_string_free(idemhost_consumer_databas
 void idemhost_consumer_database_list_list_sql_value_free(idemhost_consumer_database_list_list_sql_value_t *ptr);
 
 void idemhost_consumer_database_result_list_list_sql_value_string_free(idemhost_consumer_database_result_list_list_sql_value_string_t *ptr);
+
+void idemhost_consumer_database_result_void_string_free(idemhost_consumer_database_result_void_string_t *ptr);
 
 void exports_idemhost_consumer_handling_message_free(exports_idemhost_consumer_handling_message_t *ptr);
 
