@@ -13,7 +13,6 @@ mod provider;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer::pull};
 use futures::StreamExt;
 
 use common::*;
@@ -103,35 +102,20 @@ fn placed(order: &str, sku: &str, quantity: i64) -> String {
     format!(r#"{{"orderId":"{order}","sku":"{sku}","quantity":{quantity}}}"#)
 }
 
-/// Messages stored on `<prefix>.<subject>`: (broker id, event type, was it injected as a
+/// Messages stored on `<prefix>.<subject>`: (broker id, whether it was injected as a
 /// duplicate).
 async fn stored(nats: &NatsEnv, subject: &str) -> Vec<(String, bool)> {
-    let stream = nats.js.get_stream(&nats.stream).await.unwrap();
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: format!("{}.{subject}", nats.prefix),
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            ..Default::default()
+    let stored = nats.stored(&format!("{}.{subject}", nats.prefix)).await;
+    stored
+        .into_iter()
+        .map(|(h, _)| {
+            let id = h.get("Nats-Msg-Id").map(|v| v.as_str().to_string());
+            (
+                id.unwrap_or_default(),
+                h.get("Idemhost-Test-Duplicate").is_some(),
+            )
         })
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    let mut batch = consumer
-        .fetch()
-        .max_messages(100_000)
-        .expires(Duration::from_millis(500))
-        .messages()
-        .await
-        .unwrap();
-    while let Some(Ok(m)) = batch.next().await {
-        let h = m.message.headers.clone().unwrap_or_default();
-        let id = h
-            .get("Nats-Msg-Id")
-            .map(|v| v.as_str().to_string())
-            .unwrap_or_default();
-        out.push((id, h.get("Idemhost-Test-Duplicate").is_some()));
-    }
-    out
+        .collect()
 }
 
 /// Re-publishes one message in five seen on `<prefix>.>` (chosen by a hash of its id, so the

@@ -7,9 +7,6 @@ mod common;
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull};
-use futures::StreamExt;
-
 use common::*;
 
 const NAME: &str = "outbox-v1";
@@ -20,32 +17,13 @@ fn publish_step(subject: &str, payload: &str) -> String {
     )
 }
 
-/// Every message stored on `subject`, as (headers, payload), read without consuming.
+/// Every event stored on `subject`, as (headers, payload text).
 async fn events(nats: &NatsEnv, subject: &str) -> Vec<(async_nats::HeaderMap, String)> {
-    let stream = nats.js.get_stream(&nats.stream).await.unwrap();
-    let consumer = stream
-        .create_consumer(pull::Config {
-            filter_subject: subject.to_string(),
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    let mut batch = consumer
-        .fetch()
-        .max_messages(10_000)
-        .expires(Duration::from_millis(500))
-        .messages()
-        .await
-        .unwrap();
-    while let Some(Ok(m)) = batch.next().await {
-        out.push((
-            m.message.headers.clone().unwrap_or_default(),
-            String::from_utf8_lossy(&m.message.payload).to_string(),
-        ));
-    }
-    out
+    let stored = nats.stored(subject).await;
+    stored
+        .into_iter()
+        .map(|(h, p)| (h, String::from_utf8_lossy(&p).to_string()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -329,10 +329,16 @@ impl NatsEnv {
 
     /// Every message on the dead-letter subject, as (headers, payload).
     pub async fn dead_letters(&self) -> Vec<(async_nats::HeaderMap, Vec<u8>)> {
+        self.stored(&self.dlq()).await
+    }
+
+    /// Every message the stream holds on `subject`, as (headers, payload), in stream order,
+    /// read without consuming (an ephemeral consumer without acks).
+    pub async fn stored(&self, subject: &str) -> Vec<(async_nats::HeaderMap, Vec<u8>)> {
         let stream = self.js.get_stream(&self.stream).await.unwrap();
         let consumer = stream
             .create_consumer(pull::Config {
-                filter_subject: self.dlq(),
+                filter_subject: subject.to_string(),
                 ack_policy: jetstream::consumer::AckPolicy::None,
                 ..Default::default()
             })
@@ -341,7 +347,7 @@ impl NatsEnv {
         let mut out = Vec::new();
         let mut batch = consumer
             .fetch()
-            .max_messages(10_000)
+            .max_messages(100_000)
             .expires(Duration::from_millis(500))
             .messages()
             .await
