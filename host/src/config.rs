@@ -349,6 +349,18 @@ pub struct ConsumerConfig {
     /// (or the `--effect-param` given); one or more rows means the effect exists.
     #[serde(default)]
     pub effect_query: Option<String>,
+    /// Per-key ordering within this process: deliveries with the same key run one at a time in
+    /// arrival (stream) order; a retryable failure is retried in place and blocks only its key.
+    #[serde(default)]
+    pub ordering: Option<OrderingConfig>,
+}
+
+/// `ordering = { key = "header:Idemhost-Ordering-Key" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderingConfig {
+    /// `header:NAME`, `subject:N` (a 0-based subject token) or `json:/pointer` (payload field).
+    pub key: String,
 }
 
 /// Whether `key` is a valid NATS KV key (the consumer name keys the plugin version pointer).

@@ -21,8 +21,10 @@ use crate::metrics::{ConsumerMetrics, Metrics};
 use crate::registry::Slot;
 
 mod headers;
+pub mod ordering;
 pub use headers::message_id;
 use headers::{flatten, header, header_safe, traceparent};
+use ordering::{KeySpec, KeyedQueues};
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry
 /// the original id while publishing under a fresh broker-level id.
@@ -50,6 +52,9 @@ pub struct ConsumerRuntime {
     metrics: ConsumerMetrics,
     /// `host.log_payload_digest`.
     log_payload_digest: bool,
+    /// `ordering.key`: deliveries with the same key run one at a time, in arrival order.
+    ordering: Option<KeySpec>,
+    keyed: KeyedQueues,
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
@@ -188,6 +193,14 @@ pub async fn bind(
         plugin,
         metrics: metrics.for_consumer(&config.name),
         log_payload_digest: false,
+        ordering: match &config.ordering {
+            Some(o) => Some(
+                KeySpec::parse(&o.key)
+                    .map_err(|e| anyhow::anyhow!("consumer {name}: ordering.key {e}"))?,
+            ),
+            None => None,
+        },
+        keyed: KeyedQueues::default(),
     })
 }
 
@@ -256,12 +269,22 @@ impl ConsumerRuntime {
                             continue;
                         };
                         let (this, slots) = (self.clone(), slots.clone());
-                        tasks.spawn(async move {
-                            if let Ok(_slot) = slots.acquire_owned().await {
-                                this.settle(msg).await;
+                        match self.ordering.as_ref().and_then(|k| k.key_of(&msg.message)) {
+                            // Behind a running delivery of the same key: its worker takes it.
+                            Some(key) => {
+                                if let Some(first) = self.keyed.enqueue(&key, (msg, credit)) {
+                                    tasks.spawn(this.key_worker(slots, key, first));
+                                }
                             }
-                            drop(credit);
-                        });
+                            None => {
+                                tasks.spawn(async move {
+                                    if let Ok(_slot) = slots.acquire_owned().await {
+                                        this.settle(msg).await;
+                                    }
+                                    drop(credit);
+                                });
+                            }
+                        }
                     }
                     Some(Err(e)) => {
                         debug!(consumer = %self.config.name, error = %e, "pull error");
@@ -277,6 +300,23 @@ impl ConsumerRuntime {
         if drained.is_err() {
             warn!(consumer = %self.config.name, left = tasks.len(), "drain timeout; rolling back unfinished deliveries");
             tasks.shutdown().await;
+        }
+    }
+
+    /// Settles `key`'s deliveries one after another, in arrival order, until none waits.
+    async fn key_worker(
+        self: Arc<Self>,
+        slots: Arc<Semaphore>,
+        key: String,
+        first: ordering::Queued,
+    ) {
+        let mut next = Some(first);
+        while let Some((msg, credit)) = next {
+            if let Ok(_slot) = slots.clone().acquire_owned().await {
+                self.settle(msg).await;
+            }
+            drop(credit);
+            next = self.keyed.next(&key);
         }
     }
 
@@ -337,7 +377,7 @@ impl ConsumerRuntime {
                     return;
                 }
             };
-            let message = Message {
+            let mut message = Message {
                 id,
                 subject: msg.message.subject.to_string(),
                 event_type,
@@ -345,51 +385,68 @@ impl ConsumerRuntime {
                 payload: msg.message.payload.clone(),
                 delivery_attempt: attempt,
             };
-            // One version from here to the ack: a swap meanwhile affects only later deliveries.
-            let active = self.plugin.begin();
-            let span = tracing::Span::current();
-            span.record("plugin", active.version.digest.as_str());
-            let processed = self.with_progress(&msg, self.claimer.process(active.handler.as_ref(), &message)).await;
-            self.metrics.settled(message.event_type_or_subject(), processed.outcome.label(), Some(&processed));
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            let tx_ms = ms(processed.tx_time);
-            span.record("outcome", processed.outcome.label());
-            span.record("tx_ms", tx_ms);
-            span.record("claim_ms", ms(processed.claim_time));
-            if let Some(h) = processed.handler_time {
-                span.record("handler_ms", ms(h));
-            }
-            span.record("tx_attempts", processed.tx_attempts);
-            match &processed.outcome {
-                Outcome::Applied | Outcome::Duplicate => {
-                    failpoint::hit("after_commit_before_ack");
-                    match self.confirmed(&msg, AckKind::Ack).await {
-                        Ok(()) => {
-                            if let Some(stored) = stored_ns {
-                                self.metrics.acked(crate::ops::age_of(stored));
+            let mut attempt = attempt;
+            // Ordered consumers retry a retryable failure in place (the key waits); the others
+            // nak it and the broker redelivers later. Each pass is one delivery attempt.
+            loop {
+                message.delivery_attempt = attempt;
+                // One version from here to the ack: a swap meanwhile affects only later deliveries.
+                let active = self.plugin.begin();
+                let span = tracing::Span::current();
+                span.record("plugin", active.version.digest.as_str());
+                let processed = self.with_progress(&msg, self.claimer.process(active.handler.as_ref(), &message)).await;
+                self.metrics.settled(message.event_type_or_subject(), processed.outcome.label(), Some(&processed));
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                let tx_ms = ms(processed.tx_time);
+                span.record("outcome", processed.outcome.label());
+                span.record("tx_ms", tx_ms);
+                span.record("claim_ms", ms(processed.claim_time));
+                if let Some(h) = processed.handler_time {
+                    span.record("handler_ms", ms(h));
+                }
+                span.record("tx_attempts", processed.tx_attempts);
+                match &processed.outcome {
+                    Outcome::Applied | Outcome::Duplicate => {
+                        failpoint::hit("after_commit_before_ack");
+                        match self.confirmed(&msg, AckKind::Ack).await {
+                            Ok(()) => {
+                                if let Some(stored) = stored_ns {
+                                    self.metrics.acked(crate::ops::age_of(stored));
+                                }
+                                info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done")
                             }
-                            info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done")
+                            // The marker is committed: a redelivery will be a duplicate.
+                            Err(e) => warn!(outcome = processed.outcome.label(), error = %e, "ack not confirmed; redelivery will be a duplicate"),
                         }
-                        // The marker is committed: a redelivery will be a duplicate.
-                        Err(e) => warn!(outcome = processed.outcome.label(), error = %e, "ack not confirmed; redelivery will be a duplicate"),
+                    }
+                    Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver && self.ordering.is_some() => {
+                        let delay = self.config.backoff_for(attempt);
+                        warn!(outcome = "retryable_failure", %reason, ?delay, "delivery failed; retried in place, its ordering key waits");
+                        self.with_progress(&msg, tokio::time::sleep(delay)).await;
+                        attempt += 1;
+                        span.record("attempt", attempt);
+                        self.metrics.started(attempt);
+                        continue;
+                    }
+                    Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver => {
+                        let delay = self.config.backoff_for(attempt);
+                        warn!(outcome = "retryable_failure", %reason, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
+                        if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
+                            warn!(error = %e, "nak failed; the broker redelivers after ack_wait");
+                        }
+                    }
+                    Outcome::RetryableFailure(reason) => {
+                        let key_note = if self.ordering.is_some() { "; its ordering key moves on" } else { "" };
+                        let reason = format!("{reason} (after {attempt} deliveries, max_deliver {}{key_note})", self.config.max_deliver);
+                        warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
+                        self.dead_letter(&msg, Some(&message.id), stream_seq, &reason, attempt).await;
+                    }
+                    Outcome::TerminalFailure(reason) => {
+                        warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
+                        self.dead_letter(&msg, Some(&message.id), stream_seq, reason, attempt).await;
                     }
                 }
-                Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver => {
-                    let delay = self.config.backoff_for(attempt);
-                    warn!(outcome = "retryable_failure", %reason, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
-                    if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
-                        warn!(error = %e, "nak failed; the broker redelivers after ack_wait");
-                    }
-                }
-                Outcome::RetryableFailure(reason) => {
-                    let reason = format!("{reason} (after {attempt} deliveries, max_deliver {})", self.config.max_deliver);
-                    warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
-                    self.dead_letter(&msg, Some(&message.id), stream_seq, &reason, attempt).await;
-                }
-                Outcome::TerminalFailure(reason) => {
-                    warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
-                    self.dead_letter(&msg, Some(&message.id), stream_seq, reason, attempt).await;
-                }
+                break;
             }
         }
         .instrument(span)

@@ -165,6 +165,11 @@ impl Config {
             if c.subjects.iter().any(|s| s.is_empty() || s.contains(' ')) {
                 return bad(key("subjects"), "must be NATS subjects");
             }
+            if let Some(o) = &c.ordering
+                && let Err(e) = crate::source::ordering::KeySpec::parse(&o.key)
+            {
+                return bad(key("ordering.key"), &e);
+            }
             if c.effect_query.as_deref().is_some_and(|q| !q.contains("$1")) {
                 return bad(
                     key("effect_query"),
