@@ -474,6 +474,15 @@ impl PrivateNats {
         }
     }
 
+    /// Stops the server gracefully (SIGTERM: it flushes its store) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+
     /// Kills the server (SIGKILL) and waits for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -560,6 +569,14 @@ impl PrivatePostgres {
         as_nobody(
             "pg_ctl",
             &["-D", self.path("data"), "-w", "-m", "immediate", "stop"],
+        );
+    }
+
+    /// `pg_ctl stop -m fast`: open transactions are rolled back, sessions are closed.
+    pub fn stop_fast(&self) {
+        as_nobody(
+            "pg_ctl",
+            &["-D", self.path("data"), "-w", "-m", "fast", "stop"],
         );
     }
 }
