@@ -122,6 +122,8 @@ pub struct ClaimSettings {
     pub isolation: Isolation,
     pub statement_timeout: Duration,
     pub tx_max_attempts: u32,
+    /// Role the handler's statements run as (validated as a plain identifier).
+    pub role: Option<String>,
     /// First retry delay ceiling; doubles each retry up to `retry_cap` (full jitter).
     pub retry_base: Duration,
     pub retry_cap: Duration,
@@ -134,6 +136,7 @@ impl ClaimSettings {
             isolation: c.isolation,
             statement_timeout: c.statement_timeout(),
             tx_max_attempts: c.tx_max_attempts,
+            role: c.role.clone(),
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
         }
@@ -146,6 +149,7 @@ impl ClaimSettings {
             isolation,
             statement_timeout: Duration::from_secs(5),
             tx_max_attempts: 5,
+            role: None,
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
         }
@@ -292,7 +296,15 @@ impl Claimer {
                 .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e)),
             Ok(Some(_)) => {
                 failpoint::hit("after_claim");
-                let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers);
+                if let Some(role) = &self.settings.role {
+                    // Quoted; validated as a plain identifier by the config.
+                    sqlx::query(AssertSqlSafe(format!("SET LOCAL ROLE \"{role}\"")))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| AttemptFailure::db("failed to set the handler's role", &e))?;
+                }
+                let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers)
+                    .with_role(self.settings.role.clone());
                 self.run_handler(handler, msg, TxHandle::new(tx, origin), timing)
                     .await
             }
@@ -363,6 +375,12 @@ impl Claimer {
             return Err(failure);
         }
         let mut tx = tx;
+        if self.settings.role.is_some() {
+            sqlx::query("RESET ROLE")
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| AttemptFailure::db("failed to reset the handler's role", &e))?;
+        }
         if let Some(digest) = handler.digest() {
             sqlx::query(RECORD_HANDLER_SQL)
                 .bind(&self.settings.consumer_name)

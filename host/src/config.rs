@@ -349,6 +349,11 @@ pub struct ConsumerConfig {
     /// (or the `--effect-param` given); one or more rows means the effect exists.
     #[serde(default)]
     pub effect_query: Option<String>,
+    /// PostgreSQL role the handler's statements run as (`SET LOCAL ROLE` after the claim,
+    /// `RESET ROLE` before the host's own writes): grant it only the tables this consumer may
+    /// touch. The host's login role must be a member of it. Absent: the host's role.
+    #[serde(default)]
+    pub role: Option<String>,
     /// Per-key ordering within this process: deliveries with the same key run one at a time in
     /// arrival (stream) order; a retryable failure is retried in place and blocks only its key.
     #[serde(default)]
@@ -371,6 +376,17 @@ pub fn is_kv_key(key: &str) -> bool {
         && key
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c))
+}
+
+/// A lower-case SQL identifier that needs no quoting care: a-z, 0-9 and `_`, not starting with a
+/// digit, at most 63 bytes (schema and role names).
+pub fn is_plain_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// Longest message id accepted (bytes); longer ids are terminal.

@@ -31,6 +31,8 @@ pub struct Origin {
     pub consumer: String,
     pub message_id: String,
     pub trace: Vec<(String, String)>,
+    /// The handler's role (`consumer.role`), if any: the host writes the outbox row as itself.
+    pub role: Option<String>,
 }
 
 impl Origin {
@@ -44,7 +46,13 @@ impl Origin {
                 .filter(|(k, _)| PROPAGATED.iter().any(|p| p.eq_ignore_ascii_case(k)))
                 .cloned()
                 .collect(),
+            role: None,
         }
+    }
+
+    /// The same origin, for a handler running as `role`.
+    pub fn with_role(self, role: Option<String>) -> Self {
+        Origin { role, ..self }
     }
 }
 
@@ -123,6 +131,10 @@ pub async fn insert(
     headers: &[(String, String)],
     payload: &[u8],
 ) -> Result<(), sqlx::Error> {
+    // A handler with its own role has no rights on the host's table: the host writes as itself.
+    if origin.role.is_some() {
+        sqlx::query("RESET ROLE").execute(&mut **tx).await?;
+    }
     sqlx::query(
         "INSERT INTO outbox_message \
          (consumer_name, source_message_id, seq, subject, headers, payload) \
@@ -135,8 +147,14 @@ pub async fn insert(
     .bind(sqlx::types::Json(headers))
     .bind(payload)
     .execute(&mut **tx)
-    .await
-    .map(|_| ())
+    .await?;
+    if let Some(role) = &origin.role {
+        // Validated as a plain identifier by the config.
+        sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE \"{role}\"")))
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -248,3 +248,82 @@ async fn values_round_trip_through_the_gate() {
     );
     env.cleanup().await;
 }
+
+/// `consumer.role`: the handler's statements run as a role granted only the consumer's tables —
+/// reading another table is a permission error that rolls the delivery back — while the host
+/// still claims, records the plugin version and writes the outbox as itself.
+#[tokio::test]
+async fn a_consumer_role_confines_the_plugin() {
+    let env = TestEnv::new("role").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let role = unique("r_plugin");
+    for sql in [
+        format!("CREATE ROLE {role} NOLOGIN"),
+        format!("GRANT USAGE ON SCHEMA {} TO {role}", env.schema),
+        format!("GRANT SELECT, UPDATE ON inventory TO {role}"),
+        "CREATE TABLE secret (x integer)".to_string(),
+        "INSERT INTO secret VALUES (42)".to_string(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&env.pool)
+            .await
+            .unwrap();
+    }
+    let mut settings = ClaimSettings::new(CONSUMER, Isolation::ReadCommitted);
+    settings.role = Some(role.clone());
+    let c = Claimer::new(env.pool.clone(), settings);
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+
+    healthy_delivery_still_applies(&c, &plugin, "evt-granted").await;
+    let p = c
+        .process(
+            plugin.as_ref(),
+            &message(
+                "evt-secret",
+                r#"{"steps":[{"query":"SELECT x FROM secret"}]}"#,
+            ),
+        )
+        .await;
+    match &p.outcome {
+        Outcome::RetryableFailure(r) => {
+            assert!(r.contains("permission denied for table secret"), "{r}")
+        }
+        other => panic!("expected a permission error, got {other:?}"),
+    }
+    let publish = r#"{"steps":[{"publish":"role.events","payload":"x"}]}"#;
+    assert_eq!(
+        c.process(plugin.as_ref(), &message("evt-publish", publish))
+            .await
+            .outcome,
+        Outcome::Applied
+    );
+    assert_eq!(
+        env.markers(CONSUMER).await,
+        2,
+        "the refused delivery left no marker"
+    );
+    assert_eq!(env.reserved("sku-1").await, 1);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message_handler")
+            .await,
+        2,
+        "versions recorded by the host"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM outbox_message").await,
+        1,
+        "outbox written by the host"
+    );
+    let pool = env.pool.clone();
+    env.cleanup().await;
+    drop(pool);
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(PG_URL)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE {role}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+}

@@ -125,6 +125,27 @@ fn errors_name_the_key() {
         err.contains("log_format") && err.contains("unknown variant `xml`"),
         "{err}"
     );
+    for (extra, key) in [
+        ("role = \"Robert'); DROP\"", "consumer[0].role"),
+        (
+            "ordering = { key = \"payload:/x\" }",
+            "consumer[0].ordering.key",
+        ),
+        ("effect_query = \"SELECT 1\"", "consumer[0].effect_query"),
+    ] {
+        let err = parse(&format!("{SAMPLE}\n{extra}\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{extra}: {err}");
+    }
+    let c = parse(
+        &format!(
+            "{SAMPLE}\nrole = \"inventory_plugin\"\nordering = {{ key = \"json:/orderId\" }}\n"
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.consumers[0].role.as_deref(), Some("inventory_plugin"));
     let err = parse(SAMPLE, &[("IDEMHOST_CONSUMER__3__NAME", "x")])
         .unwrap_err()
         .to_string();

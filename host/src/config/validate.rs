@@ -27,14 +27,7 @@ impl Config {
             );
         }
         if let Some(schema) = &self.postgres.schema {
-            let plain = schema
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-            if schema.is_empty()
-                || !plain
-                || schema.len() > 63
-                || schema.starts_with(|c: char| c.is_ascii_digit())
-            {
+            if !super::is_plain_identifier(schema) {
                 return bad(
                     "postgres.schema".into(),
                     "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
@@ -164,6 +157,15 @@ impl Config {
             }
             if c.subjects.iter().any(|s| s.is_empty() || s.contains(' ')) {
                 return bad(key("subjects"), "must be NATS subjects");
+            }
+            if c.role
+                .as_deref()
+                .is_some_and(|r| !super::is_plain_identifier(r))
+            {
+                return bad(
+                    key("role"),
+                    "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
+                );
             }
             if let Some(o) = &c.ordering
                 && let Err(e) = crate::source::ordering::KeySpec::parse(&o.key)
