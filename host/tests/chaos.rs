@@ -12,29 +12,15 @@ use common::*;
 
 const NAME: &str = "inventory-reservation-v1";
 
-/// Publishes `n` OrderPlaced for sku-1 with ids `evt-<i>`, in pipelined batches.
+/// Publishes `n` OrderPlaced for sku-1 with ids `evt-<i>`.
 async fn publish_orders(nats: &NatsEnv, n: usize) {
-    let mut acks = Vec::new();
-    for i in 0..n {
+    nats.publish_many((0..n).map(|i| {
         let id = format!("evt-{i}");
         let mut h = async_nats::HeaderMap::new();
         h.insert("Nats-Msg-Id", id.as_str());
-        let payload = order_payload(&id, "sku-1", 1);
-        acks.push(
-            nats.js
-                .publish_with_headers(nats.subject(), h, payload.into())
-                .await
-                .unwrap(),
-        );
-        if acks.len() >= 512 {
-            for a in acks.drain(..) {
-                a.await.unwrap();
-            }
-        }
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
+        (h, order_payload(&id, "sku-1", 1))
+    }))
+    .await;
 }
 
 /// Retries generous enough to outlast a few seconds of outage without dead-lettering.
@@ -180,7 +166,7 @@ async fn a_duplicate_storm_applies_each_id_once() {
         "inventory",
         "max_in_flight = 16",
     )));
-    let mut acks = Vec::new();
+    let mut messages = Vec::new();
     let mut fresh = 0;
     for round in 0..REPEATS {
         for hot in 0..HOT {
@@ -188,38 +174,17 @@ async fn a_duplicate_storm_applies_each_id_once() {
             let mut h = async_nats::HeaderMap::new();
             h.insert("Nats-Msg-Id", format!("storm-{round}-{hot}").as_str());
             h.insert("Idemhost-Message-Id", id.as_str());
-            acks.push(
-                nats.js
-                    .publish_with_headers(nats.subject(), h, order_payload(&id, "sku-1", 1).into())
-                    .await
-                    .unwrap(),
-            );
+            messages.push((h, order_payload(&id, "sku-1", 1)));
             if hot % 10 == 0 && fresh < FRESH {
                 let id = format!("new-{fresh}");
                 fresh += 1;
                 let mut h = async_nats::HeaderMap::new();
                 h.insert("Nats-Msg-Id", id.as_str());
-                acks.push(
-                    nats.js
-                        .publish_with_headers(
-                            nats.subject(),
-                            h,
-                            order_payload(&id, "sku-1", 1).into(),
-                        )
-                        .await
-                        .unwrap(),
-                );
-            }
-        }
-        if acks.len() >= 512 {
-            for a in acks.drain(..) {
-                a.await.unwrap();
+                messages.push((h, order_payload(&id, "sku-1", 1)));
             }
         }
     }
-    for a in acks {
-        a.await.unwrap();
-    }
+    nats.publish_many(messages).await;
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
     host.stop().await;
     let distinct = (HOT + fresh) as i64;

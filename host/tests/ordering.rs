@@ -47,7 +47,7 @@ async fn each_key_applies_its_versions_once_and_in_order() {
     let mut next = vec![1i64; KEYS];
     let mut live: Vec<usize> = (0..KEYS).collect();
     let (mut published, mut duplicates, mut failing) = (0, 0, 0);
-    let mut acks = Vec::new();
+    let mut messages = Vec::new();
     while !live.is_empty() {
         let pick = rng.random_range(0..live.len());
         let k = live[pick];
@@ -82,23 +82,11 @@ async fn each_key_applies_its_versions_once_and_in_order() {
                 }
                 None => h.insert("Nats-Msg-Id", msg_id.as_str()),
             }
-            acks.push(
-                nats.js
-                    .publish_with_headers(nats.subject(), h, script(&key, v, fail).into())
-                    .await
-                    .unwrap(),
-            );
+            messages.push((h, script(&key, v, fail)));
             published += 1;
         }
-        if acks.len() >= 512 {
-            for a in acks.drain(..) {
-                a.await.unwrap();
-            }
-        }
     }
-    for a in acks {
-        a.await.unwrap();
-    }
+    nats.publish_many(messages).await;
     let total = KEYS as i64 * VERSIONS;
     wait_until(
         Duration::from_secs(240),

@@ -52,7 +52,7 @@ async fn three_replicas_one_killed_twice_apply_each_message_once() {
     std::fs::write(&config, text).unwrap();
 
     let mut distinct = 0;
-    let mut pending = Vec::new();
+    let mut messages = Vec::new();
     for i in 0..EVENTS {
         let mut h = async_nats::HeaderMap::new();
         let id = if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1 {
@@ -65,22 +65,9 @@ async fn three_replicas_one_killed_twice_apply_each_message_once() {
             format!("evt-{i}")
         };
         h.insert("Nats-Msg-Id", id.as_str());
-        let payload = order_payload(&id, "sku-1", 1);
-        pending.push(
-            nats.js
-                .publish_with_headers(nats.subject(), h, payload.into())
-                .await
-                .unwrap(),
-        );
-        if pending.len() >= 512 {
-            for p in pending.drain(..) {
-                p.await.unwrap();
-            }
-        }
+        messages.push((h, order_payload(&id, "sku-1", 1)));
     }
-    for p in pending {
-        p.await.unwrap();
-    }
+    nats.publish_many(messages).await;
 
     let log = |name: &str| dir.join(format!("{name}.log"));
     let mut replicas: Vec<Child> = (0..3)

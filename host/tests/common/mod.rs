@@ -305,6 +305,31 @@ impl NatsEnv {
             .unwrap()
     }
 
+    /// Publishes (headers, payload) pairs to [`Self::subject`], pipelined: up to 512 awaiting
+    /// the stream's ack at a time.
+    pub async fn publish_many(
+        &self,
+        messages: impl IntoIterator<Item = (async_nats::HeaderMap, String)>,
+    ) {
+        let mut acks = Vec::new();
+        for (headers, payload) in messages {
+            let ack = self
+                .js
+                .publish_with_headers(self.subject(), headers, payload.into_bytes().into())
+                .await
+                .unwrap();
+            acks.push(ack);
+            if acks.len() >= 512 {
+                for a in acks.drain(..) {
+                    a.await.unwrap();
+                }
+            }
+        }
+        for a in acks {
+            a.await.unwrap();
+        }
+    }
+
     pub async fn consumer_info(&self, durable: &str) -> jetstream::consumer::Info {
         let stream = self.js.get_stream(&self.stream).await.unwrap();
         stream.consumer_info(durable).await.unwrap()
