@@ -312,6 +312,10 @@ pub struct ConsumerConfig {
     /// (default: `handler_timeout`).
     #[serde(default)]
     pub statement_timeout: Option<Dur>,
+    /// Largest payload handled; a larger one is a terminal failure (dead-lettered with the
+    /// reason), before any transaction or plugin call.
+    #[serde(default = "default_max_payload")]
+    pub max_payload: Size,
     /// Memory (all linear memories and tables together) one plugin instance may use.
     #[serde(default = "default_memory_limit")]
     pub memory_limit: Size,
@@ -601,6 +605,9 @@ fn default_backoff() -> Vec<Dur> {
     [100, 1_000, 10_000]
         .map(|ms| Dur(Duration::from_millis(ms)))
         .to_vec()
+}
+fn default_max_payload() -> Size {
+    Size(8 << 20)
 }
 fn default_memory_limit() -> Size {
     Size(64 << 20)

@@ -366,14 +366,27 @@ impl ConsumerRuntime {
             span.record("payload_sha256", format!("{digest:x}"));
         }
         async {
-            let id = match id {
+            let too_big = (msg.message.payload.len() as u64 > self.config.max_payload.0).then(|| {
+                format!(
+                    "payload is {} bytes, over the consumer's max_payload of {} bytes",
+                    msg.message.payload.len(),
+                    self.config.max_payload.0
+                )
+            });
+            // Refused before any transaction: no valid id, or a payload over the limit.
+            let checked = match (id, too_big) {
+                (Ok(id), None) => Ok(id),
+                (Ok(id), Some(reason)) => Err((Some(id), reason)),
+                (Err(reason), _) => Err((None, reason)),
+            };
+            let id = match checked {
                 Ok(id) => id,
-                Err(reason) => {
+                Err((id, reason)) => {
                     let event = event_type.as_deref().unwrap_or(msg.message.subject.as_str());
                     self.metrics.settled(event, "terminal_failure", None);
                     tracing::Span::current().record("outcome", "terminal_failure");
                     warn!(outcome = "terminal_failure", %reason, "delivery refused");
-                    self.dead_letter(&msg, None, stream_seq, &reason, attempt).await;
+                    self.dead_letter(&msg, id.as_deref(), stream_seq, &reason, attempt).await;
                     return;
                 }
             };

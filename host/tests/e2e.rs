@@ -104,7 +104,8 @@ fn nats_durable() -> String {
     CONSUMER.to_string()
 }
 
-/// Terminal failures (unknown SKU, malformed JSON) and refused ids (missing, empty, too long)
+/// Terminal failures (unknown SKU, malformed JSON), a payload over `max_payload` and refused ids
+/// (missing, empty, too long)
 /// are dead-lettered with the original id, headers and payload plus the reason, then
 /// terminated; none leaves a marker or an effect.
 #[tokio::test]
@@ -117,11 +118,16 @@ async fn terminal_failures_are_dead_lettered_with_reason() {
         &nats,
         CONSUMER,
         "inventory",
-        "max_in_flight = 4",
+        "max_in_flight = 4\nmax_payload = \"64KiB\"",
     )));
 
     nats.publish(Some("evt-nosku"), &order_payload("evt-nosku", "sku-404", 1))
         .await;
+    let huge = format!(
+        r#"{{"id":"evt-huge","orderId":"o","sku":"sku-1","quantity":1,"pad":"{}"}}"#,
+        "x".repeat(200_000)
+    );
+    nats.publish(Some("evt-huge"), &huge).await;
     nats.publish(Some("evt-bad"), "{ not json").await;
     nats.publish(None, &order_payload("none", "sku-1", 1)).await;
     nats.publish(Some(&"x".repeat(300)), &order_payload("long", "sku-1", 1))
@@ -131,7 +137,7 @@ async fn terminal_failures_are_dead_lettered_with_reason() {
 
     nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
     let letters = nats.dead_letters().await;
-    assert_eq!(letters.len(), 4, "{letters:?}");
+    assert_eq!(letters.len(), 5, "{}", letters.len());
     let reason_of = |id: Option<&str>| {
         letters
             .iter()
@@ -147,6 +153,13 @@ async fn terminal_failures_are_dead_lettered_with_reason() {
             .contains("Unknown SKU or insufficient inventory for order-evt-nosku")
     );
     assert!(reason_of(Some("evt-bad")).contains("malformed OrderPlaced"));
+    assert!(
+        reason_of(Some("evt-huge")).contains("is 200")
+            && reason_of(Some("evt-huge"))
+                .contains("over the consumer's max_payload of 65536 bytes"),
+        "{}",
+        reason_of(Some("evt-huge"))
+    );
     let refused: Vec<String> = letters
         .iter()
         .filter(|(h, _)| h.get("Idemhost-Message-Id").is_none())
