@@ -23,16 +23,8 @@ async fn publish_orders(nats: &NatsEnv, n: usize) {
     .await;
 }
 
-/// Retries generous enough to outlast a few seconds of outage without dead-lettering.
-const PATIENT: &str =
-    "max_in_flight = 16\nmax_deliver = 100\nbackoff = [\"200ms\", \"1s\"]\nack_wait = \"5s\"";
-
-/// PostgreSQL stops twice in the middle of 20,000 deliveries — once with an immediate
-/// shutdown (no checkpoint, connections cut), once with a fast one — and comes back: in-flight
-/// transactions roll back and are redelivered, the pool reconnects, the host keeps running.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_restarts_mid_run_lose_and_double_nothing() {
-    const N: usize = 20_000;
+/// A private PostgreSQL with the host's tables and stock, and a host config for it.
+async fn private_postgres(nats: &NatsEnv) -> (PrivatePostgres, String) {
     let pg = PrivatePostgres::start();
     let pool = PgPoolOptions::new()
         .max_connections(2)
@@ -51,7 +43,6 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
         .await
         .unwrap();
     pool.close().await;
-    let nats = NatsEnv::new("chaos_pg", Duration::from_secs(60)).await;
     let text = format!(
         "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{}\"\nmax_connections = 18\nacquire_timeout = \"1s\"\n\
          [[consumer]]\nname = \"{NAME}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{PATIENT}\n",
@@ -61,27 +52,46 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
         plugin_path("inventory").display(),
         nats.dlq(),
     );
+    (pg, text)
+}
+
+/// `SELECT count(*)`-style scalars from the private server (`None` while it is down).
+async fn scalar(pg: &PrivatePostgres, sql: &str) -> Option<i64> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&pg.url())
+        .await
+        .ok()?;
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+        .fetch_one(&pool)
+        .await
+        .ok()?;
+    pool.close().await;
+    Some(n)
+}
+
+/// Retries generous enough to outlast a few seconds of outage without dead-lettering.
+const PATIENT: &str =
+    "max_in_flight = 16\nmax_deliver = 100\nbackoff = [\"200ms\", \"1s\"]\nack_wait = \"5s\"";
+
+/// PostgreSQL stops twice in the middle of 20,000 deliveries — once with an immediate
+/// shutdown (no checkpoint, connections cut), once with a fast one — and comes back: in-flight
+/// transactions roll back and are redelivered, the pool reconnects, the host keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarts_mid_run_lose_and_double_nothing() {
+    const N: usize = 20_000;
+    let nats = NatsEnv::new("chaos_pg", Duration::from_secs(60)).await;
+    let (pg, text) = private_postgres(&nats).await;
     publish_orders(&nats, N).await;
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
-    let count = |sql: &'static str| {
-        let url = pg.url();
-        async move {
-            let pool = PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .ok()?;
-            let n: i64 = sqlx::query_scalar(sql).fetch_one(&pool).await.ok()?;
-            pool.close().await;
-            Some(n)
-        }
-    };
     for (at, immediate) in [(N / 5, true), (N / 2, false)] {
         wait_until(
             Duration::from_secs(240),
             &format!("{at} markers"),
             || async {
-                (count("SELECT count(*) FROM processed_message").await? >= at as i64).then_some(())
+                (scalar(&pg, "SELECT count(*) FROM processed_message").await? >= at as i64)
+                    .then_some(())
             },
         )
         .await;
@@ -96,11 +106,11 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
     host.stop().await;
     assert_eq!(
-        count("SELECT count(*) FROM processed_message").await,
+        scalar(&pg, "SELECT count(*) FROM processed_message").await,
         Some(N as i64)
     );
     assert_eq!(
-        count("SELECT reserved FROM inventory").await,
+        scalar(&pg, "SELECT reserved FROM inventory").await,
         Some(N as i64),
         "one effect per marker"
     );
@@ -196,4 +206,46 @@ async fn a_duplicate_storm_applies_each_id_once() {
     );
     nats.cleanup().await;
     env.cleanup().await;
+}
+
+/// A stalled PostgreSQL — every server process SIGSTOPped for 8 s, so it neither answers nor
+/// closes a connection — in the middle of 5,000 deliveries: new deliveries time out acquiring a
+/// connection and are nak'ed, in-flight ones wait (kept alive by in-progress acks) and finish
+/// after SIGCONT; nothing is acked before its commit, nothing applies twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_postgres_acks_nothing_wrongly() {
+    const N: usize = 5_000;
+    let nats = NatsEnv::new("chaos_stall", Duration::from_secs(60)).await;
+    let (pg, text) = private_postgres(&nats).await;
+    publish_orders(&nats, N).await;
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    wait_until(Duration::from_secs(120), "a fifth applied", || async {
+        (scalar(&pg, "SELECT count(*) FROM processed_message").await? >= (N / 5) as i64)
+            .then_some(())
+    })
+    .await;
+    pg.signal_all(libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let during = nats.consumer_info(NAME).await;
+    pg.signal_all(libc::SIGCONT);
+    nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    host.stop().await;
+    assert_eq!(
+        scalar(&pg, "SELECT count(*) FROM processed_message").await,
+        Some(N as i64)
+    );
+    assert_eq!(
+        scalar(&pg, "SELECT reserved FROM inventory").await,
+        Some(N as i64),
+        "one effect per marker"
+    );
+    assert!(
+        nats.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+    assert!(
+        during.num_ack_pending > 0,
+        "deliveries were held during the stall: {during:?}"
+    );
+    nats.cleanup().await;
 }

@@ -597,6 +597,27 @@ impl PrivatePostgres {
         );
     }
 
+    /// Sends `signal` to the postmaster and every backend (SIGSTOP / SIGCONT: a stalled server
+    /// that neither answers nor closes its connections).
+    pub fn signal_all(&self, signal: i32) {
+        let pid_file = std::fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap();
+        let postmaster: i32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
+        let children = std::process::Command::new("pgrep")
+            .args(["-P", &postmaster.to_string()])
+            .output()
+            .unwrap();
+        let mut pids = vec![postmaster];
+        pids.extend(
+            String::from_utf8_lossy(&children.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok()),
+        );
+        for pid in pids {
+            // SAFETY: kill(2) on processes of this test's own server.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
     /// `pg_ctl stop -m fast`: open transactions are rolled back, sessions are closed.
     pub fn stop_fast(&self) {
         as_nobody(
