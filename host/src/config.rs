@@ -473,7 +473,7 @@ impl Config {
         };
         let mut table: toml::Table = text
             .parse()
-            .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+            .map_err(|e: toml::de::Error| parse_err(one_line(&e, text)))?;
         for (var, value) in env {
             if let Some(path) = var.strip_prefix("IDEMHOST_")
                 && path.contains("__")
@@ -486,7 +486,7 @@ impl Config {
         }
         let mut config: Config = toml::Value::Table(table)
             .try_into()
-            .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+            .map_err(|e: toml::de::Error| parse_err(one_line(&e, text)))?;
         for c in &mut config.consumers {
             if let Some(p) = &c.plugin
                 && p.is_relative()
@@ -502,6 +502,25 @@ impl Config {
         }
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// A TOML error on one line: its message, and where in `text` when it knows (`line L, column
+/// C`), instead of the multi-line snippet of its `Display`.
+fn one_line(e: &toml::de::Error, text: &str) -> String {
+    let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("{message} (line {line}, column {column})")
+        }
+        None => e
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
     }
 }
 

@@ -249,3 +249,41 @@ async fn a_stalled_postgres_acks_nothing_wrongly() {
     );
     nats.cleanup().await;
 }
+
+/// A stalled NATS server — SIGSTOPped for 8 s, past `nats.request_timeout` — in the middle of
+/// 5,000 deliveries: acks time out unconfirmed (the committed deliveries come back as
+/// duplicates), pulls fail and back off, and after SIGCONT the run completes exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_nats_completes_once() {
+    const N: usize = 5_000;
+    let env = TestEnv::new("stall_nats").await;
+    env.seed_inventory(&[("sku-1", 1_000_000)]).await;
+    let server = PrivateNats::start();
+    let nats = NatsEnv::at(&server.url(), "stall_nats", Duration::from_secs(120)).await;
+    let mut cfg = config(&env, &nats, NAME, "inventory", PATIENT);
+    cfg.nats.url = server.url();
+    publish_orders(&nats, N).await;
+    let host = RunningHost::start(idemhost::Host::new(cfg));
+    wait_until(Duration::from_secs(120), "a fifth applied", || async {
+        (env.markers(NAME).await >= (N / 5) as i64).then_some(())
+    })
+    .await;
+    server.signal(libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    server.signal(libc::SIGCONT);
+    let info = nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    host.stop().await;
+    assert_eq!(env.markers(NAME).await, N as i64);
+    assert_eq!(
+        env.reserved("sku-1").await,
+        N as i64,
+        "one effect per marker"
+    );
+    assert!(
+        nats.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+    assert_eq!(info.num_ack_pending, 0);
+    nats.cleanup().await;
+    env.cleanup().await;
+}

@@ -131,3 +131,55 @@ async fn startup_errors_name_what_is_wrong() {
     .await
     .unwrap();
 }
+
+/// Each required key missing in turn, a wrong type, and a plugin path that does not exist:
+/// a one-line error naming the problem, exit 1, no panic.
+#[tokio::test]
+async fn missing_or_wrong_keys_are_one_line_errors() {
+    let dir = tmpdir();
+    let plugin = plugin_path("inventory");
+    let schema = unique("t_cli_keys");
+    let pg = format!("[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n");
+    let full = format!(
+        "{pg}[[consumer]]\nname = \"c1\"\nstream = \"S\"\nplugin = \"{}\"\n",
+        plugin.display()
+    );
+    let cases = [
+        (full.replace(&pg, ""), "postgres"),
+        (full.replace(&format!("url = \"{PG_URL}\"\n"), ""), "url"),
+        (full.replace("name = \"c1\"\n", ""), "name"),
+        (full.replace("stream = \"S\"\n", ""), "stream"),
+        (full.replace("stream = \"S\"", "stream = 7"), "stream"),
+        (
+            full.replace(&plugin.display().to_string(), "/nonexistent/p.wasm"),
+            "/nonexistent/p.wasm",
+        ),
+    ];
+    for (toml, needle) in cases {
+        let (ok, err) = run_with(&dir, &toml);
+        assert!(!ok, "{toml}");
+        // Log lines may come first; the error is the last line, whole on it.
+        let last = err
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .next_back()
+            .unwrap_or("");
+        assert!(
+            last.starts_with("error: ") && last.contains(needle),
+            "{needle}: {err}"
+        );
+        assert_eq!(err.matches("error: ").count(), 1, "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(PG_URL)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+}

@@ -508,6 +508,14 @@ impl PrivateNats {
         }
     }
 
+    /// Sends `signal` to the server (SIGSTOP / SIGCONT: a stalled server).
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
     /// Kills the server (SIGKILL) and waits for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
