@@ -297,9 +297,7 @@ impl Claimer {
             Ok(Some(_)) => {
                 failpoint::hit("after_claim");
                 if let Some(role) = &self.settings.role {
-                    // Quoted; validated as a plain identifier by the config.
-                    sqlx::query(AssertSqlSafe(format!("SET LOCAL ROLE \"{role}\"")))
-                        .execute(&mut *tx)
+                    pg::set_role(&mut tx, Some(role))
                         .await
                         .map_err(|e| AttemptFailure::db("failed to set the handler's role", &e))?;
                 }
@@ -376,8 +374,7 @@ impl Claimer {
         }
         let mut tx = tx;
         if self.settings.role.is_some() {
-            sqlx::query("RESET ROLE")
-                .execute(&mut *tx)
+            pg::set_role(&mut tx, None)
                 .await
                 .map_err(|e| AttemptFailure::db("failed to reset the handler's role", &e))?;
         }

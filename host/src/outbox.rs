@@ -133,7 +133,7 @@ pub async fn insert(
 ) -> Result<(), sqlx::Error> {
     // A handler with its own role has no rights on the host's table: the host writes as itself.
     if origin.role.is_some() {
-        sqlx::query("RESET ROLE").execute(&mut **tx).await?;
+        crate::pg::set_role(tx, None).await?;
     }
     sqlx::query(
         "INSERT INTO outbox_message \
@@ -149,10 +149,7 @@ pub async fn insert(
     .execute(&mut **tx)
     .await?;
     if let Some(role) = &origin.role {
-        // Validated as a plain identifier by the config.
-        sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE \"{role}\"")))
-            .execute(&mut **tx)
-            .await?;
+        crate::pg::set_role(tx, Some(role)).await?;
     }
     Ok(())
 }

@@ -22,8 +22,9 @@ use crate::registry::Slot;
 
 mod headers;
 pub mod ordering;
+pub use headers::header;
 pub use headers::message_id;
-use headers::{flatten, header, header_safe, traceparent};
+use headers::{flatten, header_safe, traceparent};
 use ordering::{KeySpec, KeyedQueues};
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry

@@ -26,13 +26,16 @@ impl Config {
                 "must start with postgres:// or postgresql://",
             );
         }
-        if let Some(schema) = &self.postgres.schema {
-            if !super::is_plain_identifier(schema) {
-                return bad(
-                    "postgres.schema".into(),
-                    "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
-                );
-            }
+        if self
+            .postgres
+            .schema
+            .as_deref()
+            .is_some_and(|s| !super::is_plain_identifier(s))
+        {
+            return bad(
+                "postgres.schema".into(),
+                "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
+            );
         }
         if self.postgres.max_connections == 0 {
             return bad("postgres.max_connections".into(), "must be at least 1");

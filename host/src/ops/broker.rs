@@ -50,8 +50,8 @@ pub async fn consumer_state(
 
 /// The age of the first message at or after stream sequence `from` on any of `subjects`
 /// (all of the stream when empty); `None` when there is none.
-pub async fn oldest_from(
-    stream: &jetstream::stream::Stream<()>,
+pub async fn oldest_from<I>(
+    stream: &jetstream::stream::Stream<I>,
     subjects: &[String],
     from: u64,
 ) -> anyhow::Result<Option<Duration>> {
@@ -75,7 +75,8 @@ pub async fn oldest_from(
     Ok(oldest)
 }
 
-fn is_no_message(e: &jetstream::stream::RawMessageError) -> bool {
+/// Whether a message lookup found nothing (as opposed to failing).
+pub fn is_no_message(e: &jetstream::stream::RawMessageError) -> bool {
     use jetstream::stream::RawMessageErrorKind;
     matches!(e.kind(), RawMessageErrorKind::NoMessageFound)
 }
@@ -87,12 +88,11 @@ pub async fn retention(
     stream_name: &str,
     subjects: &[String],
 ) -> anyhow::Result<(Option<Duration>, Duration)> {
-    let mut stream = js
+    let stream = js
         .get_stream(stream_name)
         .await
         .with_context(|| format!("stream {stream_name}"))?;
-    let max_age = stream.info().await?.config.max_age;
-    let stream = js.get_stream_no_info(stream_name).await?;
+    let max_age = stream.cached_info().config.max_age;
     let oldest = oldest_from(&stream, subjects, 1).await?;
     Ok((oldest, max_age))
 }

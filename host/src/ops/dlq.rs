@@ -17,6 +17,8 @@ use crate::source::{
 };
 
 use super::age_of;
+use super::broker::is_no_message;
+use crate::source::header;
 
 /// Header of a replayed message naming the dead letter it came from (`<stream>/<seq>`).
 pub const REPLAYED_FROM_HEADER: &str = "Idemhost-Replayed-From";
@@ -45,22 +47,65 @@ pub struct DeadLetter {
     payload: bytes::Bytes,
 }
 
-fn header(h: &HeaderMap, name: &str) -> Option<String> {
-    h.get(name).map(|v| v.as_str().to_string())
+/// `consumer`'s dead-letter stream: its name and handle.
+struct DeadLetters {
+    name: String,
+    stream: Stream<()>,
 }
 
-/// The stream holding `consumer`'s dead letters.
-async fn dead_letter_stream(
-    js: &jetstream::Context,
-    consumer: &ConsumerConfig,
-) -> anyhow::Result<(String, Stream<()>)> {
-    let subject = consumer.dead_letter_subject();
-    let name = js
-        .stream_by_subject(subject.clone())
-        .await
-        .with_context(|| format!("no stream captures dead_letter_subject {subject}"))?;
-    let stream = js.get_stream_no_info(&name).await?;
-    Ok((name, stream))
+impl DeadLetters {
+    async fn of(js: &jetstream::Context, consumer: &ConsumerConfig) -> anyhow::Result<Self> {
+        let subject = consumer.dead_letter_subject();
+        let name = js
+            .stream_by_subject(subject.clone())
+            .await
+            .with_context(|| format!("no stream captures dead_letter_subject {subject}"))?;
+        let stream = js.get_stream_no_info(&name).await?;
+        Ok(DeadLetters { name, stream })
+    }
+
+    /// Up to `limit` of `consumer`'s dead letters, oldest first.
+    async fn scan(
+        &self,
+        consumer: &ConsumerConfig,
+        limit: usize,
+    ) -> anyhow::Result<Vec<DeadLetter>> {
+        let subject = consumer.dead_letter_subject();
+        let mut out = Vec::new();
+        let mut seq = 1;
+        for _ in 0..MAX_SCAN {
+            if out.len() >= limit {
+                break;
+            }
+            let m = match self
+                .stream
+                .get_first_raw_message_by_subject(&subject, seq)
+                .await
+            {
+                Ok(m) => m,
+                Err(e) if is_no_message(&e) => break,
+                Err(e) => return Err(anyhow::anyhow!("reading {subject} from {}: {e}", self.name)),
+            };
+            seq = m.sequence + 1;
+            if header(&m.headers, FAILED_CONSUMER_HEADER).as_deref() != Some(consumer.name.as_str())
+            {
+                continue;
+            }
+            out.push(DeadLetter {
+                stream: self.name.clone(),
+                seq: m.sequence,
+                message_id: header(&m.headers, REPLAY_ID_HEADER),
+                original_subject: header(&m.headers, ORIGINAL_SUBJECT_HEADER),
+                reason: header(&m.headers, FAILURE_REASON_HEADER).unwrap_or_default(),
+                attempts: header(&m.headers, DELIVERY_ATTEMPT_HEADER).and_then(|a| a.parse().ok()),
+                age_secs: age_of(m.time.unix_timestamp_nanos()).as_secs_f64(),
+                payload_bytes: m.payload.len(),
+                headers: m.headers,
+                payload: m.payload,
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// Up to `limit` of `consumer`'s dead letters, oldest first (the subject may be shared: only
@@ -70,44 +115,10 @@ pub async fn list(
     consumer: &ConsumerConfig,
     limit: usize,
 ) -> anyhow::Result<Vec<DeadLetter>> {
-    let (name, stream) = dead_letter_stream(js, consumer).await?;
-    let subject = consumer.dead_letter_subject();
-    let mut out = Vec::new();
-    let mut seq = 1;
-    for _ in 0..MAX_SCAN {
-        if out.len() >= limit {
-            break;
-        }
-        let m = match stream.get_first_raw_message_by_subject(&subject, seq).await {
-            Ok(m) => m,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    jetstream::stream::RawMessageErrorKind::NoMessageFound
-                ) =>
-            {
-                break;
-            }
-            Err(e) => return Err(anyhow::anyhow!("reading {subject} from {name}: {e}")),
-        };
-        seq = m.sequence + 1;
-        if header(&m.headers, FAILED_CONSUMER_HEADER).as_deref() != Some(consumer.name.as_str()) {
-            continue;
-        }
-        out.push(DeadLetter {
-            stream: name.clone(),
-            seq: m.sequence,
-            message_id: header(&m.headers, REPLAY_ID_HEADER),
-            original_subject: header(&m.headers, ORIGINAL_SUBJECT_HEADER),
-            reason: header(&m.headers, FAILURE_REASON_HEADER).unwrap_or_default(),
-            attempts: header(&m.headers, DELIVERY_ATTEMPT_HEADER).and_then(|a| a.parse().ok()),
-            age_secs: age_of(m.time.unix_timestamp_nanos()).as_secs_f64(),
-            payload_bytes: m.payload.len(),
-            headers: m.headers,
-            payload: m.payload,
-        });
-    }
-    Ok(out)
+    DeadLetters::of(js, consumer)
+        .await?
+        .scan(consumer, limit)
+        .await
 }
 
 /// Which dead letters to replay.
@@ -160,7 +171,8 @@ pub async fn replay(
     selection: &Selection,
     repair: Option<&Repair>,
 ) -> anyhow::Result<ReplayReport> {
-    let letters = list(js, consumer, usize::MAX).await?;
+    let dead_letters = DeadLetters::of(js, consumer).await?;
+    let letters = dead_letters.scan(consumer, usize::MAX).await?;
     let chosen: Vec<DeadLetter> = match selection {
         Selection::All => letters,
         Selection::MessageId(id) => letters
@@ -181,7 +193,6 @@ pub async fn replay(
             chosen.len()
         );
     }
-    let (_, dlq_stream) = dead_letter_stream(js, consumer).await?;
     let mut report = ReplayReport::default();
     for d in chosen {
         let Some(subject) = d.original_subject.clone() else {
@@ -271,9 +282,13 @@ pub async fn replay(
                 format!("the replay of {from} was published but its repair record did not commit")
             })?;
         }
-        dlq_stream.delete_message(d.seq).await.with_context(|| {
-            format!("replayed {from}, but could not remove it from the dead letters")
-        })?;
+        dead_letters
+            .stream
+            .delete_message(d.seq)
+            .await
+            .with_context(|| {
+                format!("replayed {from}, but could not remove it from the dead letters")
+            })?;
         report.replayed.push(Replayed {
             seq: d.seq,
             message_id: id,

@@ -44,7 +44,9 @@ fn secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Er
     }
 }
 
-const TABLE_SQL: &str = "SELECT pg_total_relation_size('processed_message'::regclass)::bigint";
+/// The table's size (indexes and TOAST included) and the planner's estimate of its rows.
+const TABLE_SQL: &str = "SELECT pg_total_relation_size(oid)::bigint, reltuples::float8 \
+                         FROM pg_class WHERE oid = 'processed_message'::regclass";
 
 /// Per named consumer: the row count is an index-only scan of that consumer's part of the
 /// primary key (cost grows with its markers); oldest and newest are one probe each of the
@@ -69,7 +71,7 @@ pub async fn state(
     pool: &PgPool,
     consumers: Option<&[String]>,
 ) -> Result<MarkerState, sqlx::Error> {
-    let table_bytes: i64 = sqlx::query_scalar(TABLE_SQL).fetch_one(pool).await?;
+    let (table_bytes, estimate): (i64, f64) = sqlx::query_as(TABLE_SQL).fetch_one(pool).await?;
     let rows = match consumers {
         Some(names) => sqlx::query(SAMPLE_SQL).bind(names).fetch_all(pool).await?,
         None => sqlx::query(ALL_SQL).fetch_all(pool).await?,
@@ -89,14 +91,7 @@ pub async fn state(
     let total_rows = match consumers {
         None => counted,
         // Other consumers' rows are not counted here: the planner's estimate stands in.
-        Some(_) => {
-            let estimate: f32 = sqlx::query_scalar(
-                "SELECT reltuples FROM pg_class WHERE oid = 'processed_message'::regclass",
-            )
-            .fetch_one(pool)
-            .await?;
-            (estimate as i64).max(counted)
-        }
+        Some(_) => (estimate as i64).max(counted),
     };
     for c in &mut out {
         if total_rows > 0 {

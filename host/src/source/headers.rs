@@ -9,7 +9,8 @@ use crate::config::MAX_MESSAGE_ID_BYTES;
 /// Longest failure reason put in a header.
 const MAX_REASON_BYTES: usize = 1024;
 
-pub(super) fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+/// The first value of header `name`, if present.
+pub fn header(headers: &HeaderMap, name: &str) -> Option<String> {
     headers.get(name).map(|v| v.as_str().to_string())
 }
 
