@@ -71,6 +71,34 @@ async fn scalar(pg: &PrivatePostgres, sql: &str) -> Option<i64> {
     Some(n)
 }
 
+/// The end of every fault test: each of the `n` messages applied exactly once (markers and the
+/// reserved stock both equal `n`) and nothing dead-lettered.
+async fn assert_applied_once(
+    markers: Option<i64>,
+    reserved: Option<i64>,
+    n: usize,
+    nats: &NatsEnv,
+) {
+    assert_eq!(markers, Some(n as i64));
+    assert_eq!(reserved, Some(n as i64), "one effect per marker");
+    assert!(
+        nats.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+}
+
+/// Waits until the private server holds at least `at` markers.
+async fn wait_for_markers(pg: &PrivatePostgres, at: usize) {
+    wait_until(
+        Duration::from_secs(240),
+        &format!("{at} markers"),
+        || async {
+            (scalar(pg, "SELECT count(*) FROM processed_message").await? >= at as i64).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Retries generous enough to outlast a few seconds of outage without dead-lettering.
 const PATIENT: &str =
     "max_in_flight = 16\nmax_deliver = 100\nbackoff = [\"200ms\", \"1s\"]\nack_wait = \"5s\"";
@@ -86,15 +114,7 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
     publish_orders(&nats, N).await;
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
     for (at, immediate) in [(N / 5, true), (N / 2, false)] {
-        wait_until(
-            Duration::from_secs(240),
-            &format!("{at} markers"),
-            || async {
-                (scalar(&pg, "SELECT count(*) FROM processed_message").await? >= at as i64)
-                    .then_some(())
-            },
-        )
-        .await;
+        wait_for_markers(&pg, at).await;
         if immediate {
             pg.stop_immediate()
         } else {
@@ -105,20 +125,55 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
     }
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
     host.stop().await;
-    assert_eq!(
-        scalar(&pg, "SELECT count(*) FROM processed_message").await,
-        Some(N as i64)
-    );
-    assert_eq!(
-        scalar(&pg, "SELECT reserved FROM inventory").await,
-        Some(N as i64),
-        "one effect per marker"
-    );
-    assert!(
-        nats.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
+    let markers = scalar(&pg, "SELECT count(*) FROM processed_message").await;
+    let reserved = scalar(&pg, "SELECT reserved FROM inventory").await;
+    assert_applied_once(markers, reserved, N, &nats).await;
     nats.cleanup().await;
+}
+
+/// What happens to the private NATS server mid-run.
+enum NatsFault {
+    /// SIGTERM, 2 s down, started again on the same JetStream file store.
+    Restart,
+    /// SIGSTOP for 8 s (past `nats.request_timeout`), then SIGCONT.
+    Stall,
+}
+
+/// `n` deliveries through a private NATS server that suffers `fault` once `fault_at` applied.
+async fn nats_fault_mid_run(tag: &str, n: usize, fault_at: usize, fault: NatsFault) {
+    let env = TestEnv::new(tag).await;
+    env.seed_inventory(&[("sku-1", 1_000_000)]).await;
+    let mut server = PrivateNats::start();
+    let nats = NatsEnv::at(&server.url(), tag, Duration::from_secs(120)).await;
+    let mut cfg = config(&env, &nats, NAME, "inventory", PATIENT);
+    cfg.nats.url = server.url();
+    publish_orders(&nats, n).await;
+    let host = RunningHost::start(idemhost::Host::new(cfg));
+    wait_until(
+        Duration::from_secs(240),
+        &format!("{fault_at} applied"),
+        || async { (env.markers(NAME).await >= fault_at as i64).then_some(()) },
+    )
+    .await;
+    match fault {
+        NatsFault::Restart => {
+            server.stop();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            server.restart();
+        }
+        NatsFault::Stall => {
+            server.signal(libc::SIGSTOP);
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            server.signal(libc::SIGCONT);
+        }
+    }
+    let info = nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    host.stop().await;
+    let (markers, reserved) = (env.markers(NAME).await, env.reserved("sku-1").await);
+    assert_applied_once(Some(markers), Some(reserved), n, &nats).await;
+    assert_eq!(info.num_ack_pending, 0);
+    nats.cleanup().await;
+    env.cleanup().await;
 }
 
 /// The NATS server restarts (SIGTERM, same JetStream file store) in the middle of 20,000
@@ -126,37 +181,7 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
 /// consumer, unconfirmed acks become redeliveries that the markers absorb.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_restart_mid_run_completes_once() {
-    const N: usize = 20_000;
-    let env = TestEnv::new("chaos_nats").await;
-    env.seed_inventory(&[("sku-1", 1_000_000)]).await;
-    let mut server = PrivateNats::start();
-    let nats = NatsEnv::at(&server.url(), "chaos_nats", Duration::from_secs(120)).await;
-    let mut cfg = config(&env, &nats, NAME, "inventory", PATIENT);
-    cfg.nats.url = server.url();
-    publish_orders(&nats, N).await;
-    let host = RunningHost::start(idemhost::Host::new(cfg));
-    wait_until(Duration::from_secs(240), "a third applied", || async {
-        (env.markers(NAME).await >= (N / 3) as i64).then_some(())
-    })
-    .await;
-    server.stop();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    server.restart();
-    let info = nats.wait_drained(NAME, Duration::from_secs(300)).await;
-    host.stop().await;
-    assert_eq!(env.markers(NAME).await, N as i64);
-    assert_eq!(
-        env.reserved("sku-1").await,
-        N as i64,
-        "one effect per marker"
-    );
-    assert!(
-        nats.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
-    assert_eq!(info.num_ack_pending, 0);
-    nats.cleanup().await;
-    env.cleanup().await;
+    nats_fault_mid_run("chaos_nats", 20_000, 20_000 / 3, NatsFault::Restart).await;
 }
 
 /// A duplicate storm: 100 ids delivered 300 times each (under fresh broker ids) while 3,000 new
@@ -197,13 +222,8 @@ async fn a_duplicate_storm_applies_each_id_once() {
     nats.publish_many(messages).await;
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
     host.stop().await;
-    let distinct = (HOT + fresh) as i64;
-    assert_eq!(env.markers(NAME).await, distinct);
-    assert_eq!(env.reserved("sku-1").await, distinct, "one effect per id");
-    assert!(
-        nats.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
+    let (markers, reserved) = (env.markers(NAME).await, env.reserved("sku-1").await);
+    assert_applied_once(Some(markers), Some(reserved), HOT + fresh, &nats).await;
     nats.cleanup().await;
     env.cleanup().await;
 }
@@ -219,30 +239,16 @@ async fn a_stalled_postgres_acks_nothing_wrongly() {
     let (pg, text) = private_postgres(&nats).await;
     publish_orders(&nats, N).await;
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
-    wait_until(Duration::from_secs(120), "a fifth applied", || async {
-        (scalar(&pg, "SELECT count(*) FROM processed_message").await? >= (N / 5) as i64)
-            .then_some(())
-    })
-    .await;
+    wait_for_markers(&pg, N / 5).await;
     pg.signal_all(libc::SIGSTOP);
     tokio::time::sleep(Duration::from_secs(8)).await;
     let during = nats.consumer_info(NAME).await;
     pg.signal_all(libc::SIGCONT);
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
     host.stop().await;
-    assert_eq!(
-        scalar(&pg, "SELECT count(*) FROM processed_message").await,
-        Some(N as i64)
-    );
-    assert_eq!(
-        scalar(&pg, "SELECT reserved FROM inventory").await,
-        Some(N as i64),
-        "one effect per marker"
-    );
-    assert!(
-        nats.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
+    let markers = scalar(&pg, "SELECT count(*) FROM processed_message").await;
+    let reserved = scalar(&pg, "SELECT reserved FROM inventory").await;
+    assert_applied_once(markers, reserved, N, &nats).await;
     assert!(
         during.num_ack_pending > 0,
         "deliveries were held during the stall: {during:?}"
@@ -255,35 +261,5 @@ async fn a_stalled_postgres_acks_nothing_wrongly() {
 /// duplicates), pulls fail and back off, and after SIGCONT the run completes exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_nats_completes_once() {
-    const N: usize = 5_000;
-    let env = TestEnv::new("stall_nats").await;
-    env.seed_inventory(&[("sku-1", 1_000_000)]).await;
-    let server = PrivateNats::start();
-    let nats = NatsEnv::at(&server.url(), "stall_nats", Duration::from_secs(120)).await;
-    let mut cfg = config(&env, &nats, NAME, "inventory", PATIENT);
-    cfg.nats.url = server.url();
-    publish_orders(&nats, N).await;
-    let host = RunningHost::start(idemhost::Host::new(cfg));
-    wait_until(Duration::from_secs(120), "a fifth applied", || async {
-        (env.markers(NAME).await >= (N / 5) as i64).then_some(())
-    })
-    .await;
-    server.signal(libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    server.signal(libc::SIGCONT);
-    let info = nats.wait_drained(NAME, Duration::from_secs(300)).await;
-    host.stop().await;
-    assert_eq!(env.markers(NAME).await, N as i64);
-    assert_eq!(
-        env.reserved("sku-1").await,
-        N as i64,
-        "one effect per marker"
-    );
-    assert!(
-        nats.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
-    assert_eq!(info.num_ack_pending, 0);
-    nats.cleanup().await;
-    env.cleanup().await;
+    nats_fault_mid_run("stall_nats", 5_000, 5_000 / 5, NatsFault::Stall).await;
 }

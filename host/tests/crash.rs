@@ -170,10 +170,8 @@ async fn crash_between_outbox_publish_and_delete_sends_each_event_once() {
     const SOURCE: &str = "outbox-source-v1";
     const DOWNSTREAM: &str = "outbox-downstream-v1";
     let env = TestEnv::new("crash_outbox").await;
-    sqlx::query("CREATE TABLE downstream_effect (event text NOT NULL)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("CREATE TABLE downstream_effect (event text NOT NULL)")
+        .await;
     let nats = NatsEnv::new("crash_outbox", Duration::from_secs(120)).await;
     let events = format!("{}.events.thing", nats.prefix);
     // A short ack_wait: deliveries in flight at the kill come back quickly.

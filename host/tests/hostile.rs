@@ -33,10 +33,8 @@ async fn healthy_delivery_still_applies(c: &Claimer, plugin: &idemhost::WasmHand
 async fn refused_sql_is_an_error_the_plugin_sees() {
     let env = TestEnv::new("refused").await;
     env.seed_inventory(&[("sku-1", 10)]).await;
-    sqlx::query("CREATE TABLE seen_errors (error text NOT NULL)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("CREATE TABLE seen_errors (error text NOT NULL)")
+        .await;
     let plugin = load_plugin("testkit", Duration::from_secs(5));
     let c = claimer(&env);
     let refused = [
@@ -264,10 +262,7 @@ async fn a_consumer_role_confines_the_plugin() {
         "CREATE TABLE secret (x integer)".to_string(),
         "INSERT INTO secret VALUES (42)".to_string(),
     ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&env.pool)
-            .await
-            .unwrap();
+        env.execute(&sql).await;
     }
     let mut settings = ClaimSettings::new(CONSUMER, Isolation::ReadCommitted);
     settings.role = Some(role.clone());

@@ -65,10 +65,8 @@ async fn check_proves_marker_and_effect() {
     const NAME: &str = "check-v1";
     let env = TestEnv::new("check").await;
     let nats = NatsEnv::new("check", Duration::from_secs(60)).await;
-    sqlx::query("CREATE TABLE ops_effect (message_id text NOT NULL)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("CREATE TABLE ops_effect (message_id text NOT NULL)")
+        .await;
     let text = config_text(
         &env,
         &nats,
@@ -99,10 +97,8 @@ async fn check_proves_marker_and_effect() {
     assert_eq!(report["effect"]["sample"][0]["message_id"], "c-1");
 
     // A hand edit removes the effect but not the marker.
-    sqlx::query("DELETE FROM ops_effect WHERE message_id = 'c-1'")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("DELETE FROM ops_effect WHERE message_id = 'c-1'")
+        .await;
     let (code, out, err) = op(&["check"], config, NAME, &["--message-id", "c-1"]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("INVARIANT VIOLATED"), "{err}");
@@ -266,10 +262,8 @@ async fn dlq_replay_keeps_the_original_id() {
     const NAME: &str = "replay-v1";
     let env = TestEnv::new("replay").await;
     let nats = NatsEnv::new("replay", Duration::from_secs(60)).await;
-    sqlx::query("CREATE TABLE ops_effect (message_id text NOT NULL)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("CREATE TABLE ops_effect (message_id text NOT NULL)")
+        .await;
     let admin = format!("127.0.0.1:{}", free_port());
     let text = config_text(&env, &nats, NAME, "testkit", "max_deliver = 1")
         + &format!("\n[admin]\nlisten = \"{admin}\"\n");
@@ -289,10 +283,8 @@ async fn dlq_replay_keeps_the_original_id() {
     assert!(line.contains("ops_late"), "the reason: {out}");
 
     // The fix: the missing table. The replay applies m-1 once, under its own id.
-    sqlx::query("CREATE TABLE ops_late (message_id text NOT NULL)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("CREATE TABLE ops_late (message_id text NOT NULL)")
+        .await;
     let (code, out, err) = op(&["dlq", "replay"], config, NAME, &["--message-id", "m-1"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("as m-1 to"), "{out}");

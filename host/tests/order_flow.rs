@@ -35,12 +35,10 @@ const ALL: [&str; 6] = [
 /// A schema with the example's tables and stock, and a host running the five consumers.
 async fn order_flow(tag: &str) -> (TestEnv, NatsEnv, RunningHost, String) {
     let env = TestEnv::new(tag).await;
-    sqlx::raw_sql(include_str!(
+    env.execute(include_str!(
         "../../examples/order-flow/migrations/0002_order_flow.sql"
     ))
-    .execute(&env.pool)
-    .await
-    .unwrap();
+    .await;
     let stock: Vec<(String, i64)> = (0..SKUS).map(|i| (format!("sku-{i}"), 1_000_000)).collect();
     let stock: Vec<(&str, i64)> = stock.iter().map(|(s, n)| (s.as_str(), *n)).collect();
     env.seed_inventory(&stock).await;

@@ -29,10 +29,7 @@ fn script(key: &str, version: i64, fail_first: bool) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_key_applies_its_versions_once_and_in_order() {
     let env = TestEnv::new("ordering").await;
-    sqlx::query("CREATE TABLE key_versions (id bigserial PRIMARY KEY, key text NOT NULL, version integer NOT NULL)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("CREATE TABLE key_versions (id bigserial PRIMARY KEY, key text NOT NULL, version integer NOT NULL)").await;
     let nats = NatsEnv::new("ordering", Duration::from_secs(60)).await;
     let text = config_text(
         &env,

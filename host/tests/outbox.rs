@@ -30,10 +30,7 @@ async fn events(nats: &NatsEnv, subject: &str) -> Vec<(async_nats::HeaderMap, St
 async fn events_leave_only_with_their_commit() {
     let env = TestEnv::new("outbox").await;
     let nats = NatsEnv::new("outbox", Duration::from_millis(200)).await;
-    sqlx::query("CREATE TABLE ob_errors (error text)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.execute("CREATE TABLE ob_errors (error text)").await;
     let admin = format!("127.0.0.1:{}", free_port());
     let text = config_text(&env, &nats, NAME, "testkit", "max_deliver = 1")
         + &format!("\n[admin]\nlisten = \"{admin}\"\n[outbox]\npoll_interval = \"50ms\"\n");

@@ -73,6 +73,14 @@ impl TestEnv {
         }
     }
 
+    /// Runs SQL without parameters (one or more statements) in this schema.
+    pub async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
     pub async fn scalar(&self, sql: &str) -> i64 {
         sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(sql.to_string()))
             .fetch_one(&self.pool)
