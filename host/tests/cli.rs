@@ -158,14 +158,17 @@ async fn missing_or_wrong_keys_are_one_line_errors() {
     for (toml, needle) in cases {
         let (ok, err) = run_with(&dir, &toml);
         assert!(!ok, "{toml}");
-        // Log lines may come first; the error is the last line, whole on it.
-        let last = err
+        // Log lines (from the tracing subscriber: colored, or starting with their timestamp)
+        // may come before or after it; every other line is the error's, and there must be
+        // exactly one, naming the problem.
+        let not_log: Vec<&str> = err
             .lines()
             .filter(|l| !l.trim().is_empty())
-            .next_back()
-            .unwrap_or("");
+            .filter(|l| !l.starts_with('\u{1b}') && !l.starts_with(|c: char| c.is_ascii_digit()))
+            .collect();
+        assert_eq!(not_log.len(), 1, "{needle}: one error line: {err}");
         assert!(
-            last.starts_with("error: ") && last.contains(needle),
+            not_log[0].starts_with("error: ") && not_log[0].contains(needle),
             "{needle}: {err}"
         );
         assert_eq!(err.matches("error: ").count(), 1, "{err}");
