@@ -208,6 +208,17 @@ impl Claimer {
         &self.settings
     }
 
+    /// Whether a delivery of message `id` committed for this consumer (its marker exists).
+    pub async fn marker_exists(&self, id: &str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM processed_message WHERE consumer_name = $1 AND message_id = $2)",
+        )
+        .bind(&self.settings.consumer_name)
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// Processes one delivery: claims its marker and runs `handler` in one transaction,
     /// retrying the whole transaction on 40001/40P01 up to `tx_max_attempts`.
     pub async fn process(&self, handler: &dyn Handler, msg: &Message) -> Processed {

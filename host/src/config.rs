@@ -129,6 +129,12 @@ pub struct PluginsConfig {
     /// Versions kept per consumer: the KV bucket's history and the list `/plugins` shows.
     #[serde(default = "default_plugin_history")]
     pub history: u32,
+    /// Bytes of each pooled instance memory reset in place and kept resident between
+    /// deliveries (the rest is returned to the OS). Larger makes interpreters (Python,
+    /// JavaScript) fault fewer pages per delivery; it is also what a plugin that grew its
+    /// memory leaves resident per pool slot, so it bounds the host's memory after a memory bomb.
+    #[serde(default = "default_keep_resident")]
+    pub keep_resident: Size,
 }
 
 impl Default for PluginsConfig {
@@ -140,6 +146,7 @@ impl Default for PluginsConfig {
             object_bucket: default_object_bucket(),
             version_bucket: default_version_bucket(),
             history: default_plugin_history(),
+            keep_resident: default_keep_resident(),
         }
     }
 }
@@ -637,6 +644,10 @@ fn default_id_header() -> String {
 fn default_true() -> bool {
     true
 }
+fn default_keep_resident() -> Size {
+    Size(4 << 20)
+}
+
 fn default_max_upload() -> Size {
     Size(128 << 20)
 }

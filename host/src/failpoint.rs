@@ -1,8 +1,10 @@
 //! Named crash points for fault tests: with the `failpoints` feature, `IDEMHOST_FAILPOINT=<name>`
 //! makes the process SIGKILL itself when it reaches that point. Without the feature, nothing.
 //!
-//! Points: `after_claim`, `before_commit`, `after_commit_before_ack`, `outbox_after_publish`
-//! (the relay, after JetStream acknowledged a batch and before its rows are deleted).
+//! Points: `after_claim`, `in_handler` (a handler's statement has run in the delivery's
+//! transaction and the handler has not returned yet), `before_commit`,
+//! `after_commit_before_ack`, `outbox_after_publish` (the relay, after JetStream acknowledged
+//! a batch and before its rows are deleted).
 
 /// Kills the process with SIGKILL if `name` is the selected failpoint.
 #[cfg(feature = "failpoints")]

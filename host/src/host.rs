@@ -117,6 +117,7 @@ impl Host {
                 .map(|c| c.memory_limit.0 as usize)
                 .max()
                 .unwrap_or(64 << 20),
+            keep_resident: config.plugins.keep_resident.0 as usize,
         };
         let runtime = if needs_wasm {
             let mut rt = PluginRuntime::with_pool(sizing)?;

@@ -44,8 +44,6 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Log lines one delivery may emit; the rest are counted and reported once.
 const MAX_LOG_LINES: u32 = 100;
 const MAX_LOG_LINE_BYTES: usize = 4096;
-/// Bytes of each pooled memory reset in place rather than decommitted (see `with_pool`).
-const KEEP_RESIDENT: usize = 16 << 20;
 /// Slots whose leftover memory is decommitted with one batch of system calls.
 const DECOMMIT_BATCH: usize = 16;
 /// Table elements are charged against the memory budget at this many bytes each.
@@ -92,6 +90,9 @@ pub struct PoolSizing {
     pub instances: u32,
     /// Largest linear memory one instance may grow to (the largest `memory_limit`).
     pub max_memory: usize,
+    /// Bytes of each pooled memory reset in place rather than decommitted
+    /// (`plugins.keep_resident`).
+    pub keep_resident: usize,
 }
 
 impl Default for PoolSizing {
@@ -99,6 +100,7 @@ impl Default for PoolSizing {
         PoolSizing {
             instances: 64,
             max_memory: 64 << 20,
+            keep_resident: 4 << 20,
         }
     }
 }
@@ -129,8 +131,8 @@ impl PluginRuntime {
             // them back in; instead, find the dirty pages (PAGEMAP_SCAN, Linux 6.7+) and copy
             // the image back over them, keeping them resident, up to this much per memory.
             .pagemap_scan(wasmtime::Enabled::Auto)
-            .linear_memory_keep_resident(KEEP_RESIDENT)
-            .table_keep_resident(KEEP_RESIDENT / 16)
+            .linear_memory_keep_resident(pool.keep_resident)
+            .table_keep_resident(pool.keep_resident / 16)
             .decommit_batch_size(DECOMMIT_BATCH);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
         let engine = Engine::new(&config)

@@ -20,8 +20,11 @@ use crate::handler::Message;
 use crate::metrics::{ConsumerMetrics, Metrics};
 use crate::registry::Slot;
 
+mod exhausted;
 mod headers;
 pub mod ordering;
+#[cfg(test)]
+mod props;
 pub use headers::header;
 pub use headers::message_id;
 use headers::{flatten, header_safe, traceparent};
@@ -56,6 +59,8 @@ pub struct ConsumerRuntime {
     /// `ordering.key`: deliveries with the same key run one at a time, in arrival order.
     ordering: Option<KeySpec>,
     keyed: KeyedQueues,
+    /// The watcher's consumer on this consumer's advisory stream (see [`exhausted`]).
+    exhausted: Option<Consumer<pull::Config>>,
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
@@ -148,13 +153,27 @@ pub async fn bind(
         }
     }
     let durable = config.durable_name();
+    // The host enforces max_deliver itself (dead-lettering on the last attempt). The server
+    // stops one delivery later, for messages the host never got to settle, and its advisory
+    // makes the watcher dead-letter them (see `exhausted`). Without the watcher's stream the
+    // server redelivers without end rather than drop a message silently.
+    let exhausted = match exhausted::bind(js, &config.stream, &durable).await {
+        Ok(watcher) => Some(watcher),
+        Err(e) => {
+            warn!(consumer = %name, error = %format!("{e:#}"),
+                "messages the host cannot settle will be redelivered without end (no advisory stream)");
+            None
+        }
+    };
+    let max_deliver = match exhausted {
+        Some(_) => i64::from(config.max_deliver) + 1,
+        None => -1,
+    };
     let mut pull_config = pull::Config {
         durable_name: Some(durable.clone()),
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: config.ack_wait.0,
-        // The host enforces max_deliver itself (dead-lettering on the last attempt), so the
-        // server never silently stops redelivering a message it still holds.
-        max_deliver: -1,
+        max_deliver,
         max_ack_pending: (config.max_in_flight as i64 * 2).max(16),
         ..Default::default()
     };
@@ -163,8 +182,8 @@ pub async fn bind(
         [one] => pull_config.filter_subject = one.clone(),
         many => pull_config.filter_subjects = many.to_vec(),
     }
-    let consumer = stream
-        .get_or_create_consumer(&durable, pull_config)
+    let mut consumer = stream
+        .get_or_create_consumer(&durable, pull_config.clone())
         .await
         .with_context(|| {
             format!(
@@ -172,6 +191,14 @@ pub async fn bind(
                 config.stream
             )
         })?;
+    let bound = &consumer.cached_info().config;
+    if bound.max_deliver != max_deliver || bound.ack_wait != pull_config.ack_wait {
+        // A durable made by an older version or another config: bring the settings the host
+        // relies on up to date (both may be edited on a live consumer).
+        consumer = stream.update_consumer(pull_config).await.with_context(|| {
+            format!("consumer {name}: failed to update durable consumer {durable}")
+        })?;
+    }
     if config.subjects.len() > 1 {
         // Several filter subjects need NATS 2.10; an older server ignores the field and would
         // deliver the whole stream (this consumer's dead letters included) to this consumer.
@@ -202,6 +229,7 @@ pub async fn bind(
             None => None,
         },
         keyed: KeyedQueues::default(),
+        exhausted,
     })
 }
 
@@ -226,6 +254,14 @@ impl ConsumerRuntime {
         let credits = Arc::new(Semaphore::new(self.config.max_in_flight as usize * 2));
         let mut tasks = JoinSet::new();
         let mut backoff = Duration::from_millis(100);
+        let watcher = {
+            let (this, shutdown) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                if let Some(w) = &this.exhausted {
+                    exhausted::watch(&this, w, shutdown).await;
+                }
+            })
+        };
         'pull: while !*shutdown.borrow() {
             let first = tokio::select! {
                 c = credits.clone().acquire_owned() => match c { Ok(c) => c, Err(_) => break 'pull },
@@ -302,6 +338,8 @@ impl ConsumerRuntime {
             warn!(consumer = %self.config.name, left = tasks.len(), "drain timeout; rolling back unfinished deliveries");
             tasks.shutdown().await;
         }
+        watcher.abort();
+        let _ = watcher.await;
     }
 
     /// Settles `key`'s deliveries one after another, in arrival order, until none waits.
@@ -520,7 +558,42 @@ impl ConsumerRuntime {
         reason: &str,
         attempt: u32,
     ) {
-        let mut headers = msg.message.headers.clone().unwrap_or_default();
+        let letter = DeadLetter {
+            headers: msg.message.headers.clone().unwrap_or_default(),
+            id,
+            stream_seq,
+            reason,
+            attempt,
+            subject: msg.message.subject.as_str(),
+            payload: msg.message.payload.clone(),
+        };
+        match self.publish_dead_letter(letter).await {
+            Ok(()) => {
+                self.metrics.dead_lettered();
+                if let Err(e) = self.confirmed(msg, AckKind::Term).await {
+                    warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "dead-letter publish failed; nak instead");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt))))
+                    .await;
+            }
+        }
+    }
+
+    /// Publishes a dead letter and waits until JetStream stored it.
+    async fn publish_dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), async_nats::Error> {
+        let DeadLetter {
+            mut headers,
+            id,
+            stream_seq,
+            reason,
+            attempt,
+            subject: original_subject,
+            payload,
+        } = letter;
         let broker_id = match id {
             Some(id) => {
                 headers.insert(REPLAY_ID_HEADER, id);
@@ -531,43 +604,44 @@ impl ConsumerRuntime {
         headers.insert("Nats-Msg-Id", broker_id.as_str());
         headers.insert(FAILURE_REASON_HEADER, header_safe(reason).as_str());
         headers.insert(FAILED_CONSUMER_HEADER, self.config.name.as_str());
-        headers.insert(ORIGINAL_SUBJECT_HEADER, msg.message.subject.as_str());
+        headers.insert(ORIGINAL_SUBJECT_HEADER, original_subject);
         headers.insert(DELIVERY_ATTEMPT_HEADER, attempt.to_string().as_str());
         let subject = self.config.dead_letter_subject();
-        let published = async {
-            self.js
-                .publish_with_headers(subject.clone(), headers, msg.message.payload.clone())
-                .await?
-                .await
-                .map_err(async_nats::Error::from)
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await?
+            .await?;
+        if ack.duplicate {
+            info!(dead_letter_subject = %subject, "already dead-lettered");
+        } else {
+            info!(dead_letter_subject = %subject, "dead-lettered");
         }
-        .await;
-        match published {
-            Ok(ack) => {
-                if ack.duplicate {
-                    info!(dead_letter_subject = %subject, "already dead-lettered");
-                }
-                self.metrics.dead_lettered();
-                if let Err(e) = self.confirmed(msg, AckKind::Term).await {
-                    warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
-                } else {
-                    info!(dead_letter_subject = %subject, "dead-lettered");
-                }
-            }
-            Err(e) => {
-                error!(dead_letter_subject = %subject, error = %e, "dead-letter publish failed; nak instead");
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt))))
-                    .await;
-            }
-        }
+        Ok(())
     }
+}
+
+/// A message on its way to the dead-letter subject: its original headers (to which the reason,
+/// consumer, original subject and attempt are added), id and stream sequence (which make its
+/// broker-level id) and payload.
+struct DeadLetter<'a> {
+    headers: async_nats::HeaderMap,
+    id: Option<&'a str>,
+    stream_seq: u64,
+    reason: &'a str,
+    attempt: u32,
+    subject: &'a str,
+    payload: bytes::Bytes,
 }
 
 /// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.
 fn dead_letter_stream_name(subject: &str) -> String {
-    let safe: String = subject
-        .chars()
+    stream_safe(&format!("IDEMHOST_DLQ_{subject}"))
+}
+
+/// `name` with every character a stream name may not hold replaced by `_`.
+fn stream_safe(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
                 c
@@ -575,8 +649,7 @@ fn dead_letter_stream_name(subject: &str) -> String {
                 '_'
             }
         })
-        .collect();
-    format!("IDEMHOST_DLQ_{safe}")
+        .collect()
 }
 
 /// Whether NATS subject `pattern` (with `*` and `>` wildcards) matches literal `subject`.

@@ -155,7 +155,18 @@ fn words(sql: &str) -> Result<Vec<String>, String> {
                     i += 1;
                 }
                 let word = &sql[start..i];
-                // E'...' and U&'...' literals: the prefix is not an identifier of interest.
+                // U&"..." spells an identifier with escapes (`U&"processed\005fmessage"`) this
+                // scan cannot compare; refused. E'...' and U&'...' are literals: the prefix is
+                // not an identifier of interest.
+                if word.eq_ignore_ascii_case("u") && b.get(i) == Some(&b'&') {
+                    let quote = b[i + 1..].iter().find(|c| !c.is_ascii_whitespace());
+                    if quote == Some(&b'"') {
+                        return Err(
+                            "statement refused: U&\"...\" identifiers (Unicode escapes) are not allowed"
+                                .into(),
+                        );
+                    }
+                }
                 out.push(word.to_lowercase());
             }
             _ => i += 1,
@@ -298,6 +309,9 @@ fn convert(raw: PgValueRef<'_>, type_name: &str, column: &str) -> Result<SqlValu
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::check;
 
@@ -360,6 +374,8 @@ mod tests {
             "update processed_message_handler set plugin_digest = 'x'",
             "delete from dead_letter_repair",
             "insert into outbox_message (subject) values ('x')",
+            "DELETE FROM U&\"processed\\005fmessage\"",
+            "delete from u&\"x\"",
         ] {
             assert!(check(sql).is_err(), "{sql} should be refused");
         }

@@ -98,7 +98,11 @@ impl TxHandle {
             .execute(&mut **conn)
             .await;
         match result {
-            Ok(done) => Ok(done.rows_affected()),
+            Ok(done) => {
+                // The handler has written in this transaction and not returned yet.
+                crate::failpoint::hit("in_handler");
+                Ok(done.rows_affected())
+            }
             Err(e) => Err(state.poison_with(&e)),
         }
     }

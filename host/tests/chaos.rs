@@ -4,7 +4,9 @@
 
 mod common;
 
-use std::time::Duration;
+use std::cell::Cell;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPoolOptions;
 
@@ -93,10 +95,29 @@ async fn wait_for_markers(pg: &PrivatePostgres, at: usize) {
         Duration::from_secs(240),
         &format!("{at} markers"),
         || async {
-            (scalar(pg, "SELECT count(*) FROM processed_message").await? >= at as i64).then_some(())
+            (scalar(pg, MARKERS).await? >= at as i64).then_some(())
         },
     )
     .await;
+}
+
+/// How long after a fault ended the host took to commit deliveries again: from now until the
+/// marker count (`count`, `None` while unreadable) first rises above its first readable value.
+async fn time_to_progress<F, Fut>(count: F) -> Duration
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<i64>>,
+{
+    let back = Instant::now();
+    let first = Cell::new(None::<i64>);
+    wait_until(Duration::from_secs(240), "progress after the fault", || async {
+        let n = count().await?;
+        let base = *first.get().get_or_insert(n);
+        first.set(Some(base));
+        (n > base).then_some(())
+    })
+    .await;
+    back.elapsed()
 }
 
 /// Retries generous enough to outlast a few seconds of outage without dead-lettering.
@@ -113,6 +134,8 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
     let (pg, text) = private_postgres(&nats).await;
     publish_orders(&nats, N).await;
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    let started = Instant::now();
+    let mut recoveries = Vec::new();
     for (at, immediate) in [(N / 5, true), (N / 2, false)] {
         wait_for_markers(&pg, at).await;
         if immediate {
@@ -122,14 +145,21 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         pg.start_again();
+        recoveries.push(time_to_progress(|| scalar(&pg, MARKERS)).await);
     }
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    eprintln!(
+        "chaos postgres restarts: {N} messages in {:?}; commits resumed {recoveries:?} after each restart",
+        started.elapsed()
+    );
     host.stop().await;
     let markers = scalar(&pg, "SELECT count(*) FROM processed_message").await;
     let reserved = scalar(&pg, "SELECT reserved FROM inventory").await;
     assert_applied_once(markers, reserved, N, &nats).await;
     nats.cleanup().await;
 }
+
+const MARKERS: &str = "SELECT count(*) FROM processed_message";
 
 /// What happens to the private NATS server mid-run.
 enum NatsFault {
@@ -155,6 +185,7 @@ async fn nats_fault_mid_run(tag: &str, n: usize, fault_at: usize, fault: NatsFau
         || async { (env.markers(NAME).await >= fault_at as i64).then_some(()) },
     )
     .await;
+    let started = Instant::now();
     match fault {
         NatsFault::Restart => {
             server.stop();
@@ -167,7 +198,12 @@ async fn nats_fault_mid_run(tag: &str, n: usize, fault_at: usize, fault: NatsFau
             server.signal(libc::SIGCONT);
         }
     }
+    let recovery = time_to_progress(|| async { Some(env.markers(NAME).await) }).await;
     let info = nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    eprintln!(
+        "chaos {tag}: {n} messages in {:?}; commits resumed {recovery:?} after the server came back",
+        started.elapsed()
+    );
     host.stop().await;
     let (markers, reserved) = (env.markers(NAME).await, env.reserved("sku-1").await);
     assert_applied_once(Some(markers), Some(reserved), n, &nats).await;
@@ -219,8 +255,14 @@ async fn a_duplicate_storm_applies_each_id_once() {
             }
         }
     }
+    let started = Instant::now();
     nats.publish_many(messages).await;
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    eprintln!(
+        "chaos duplicate storm: {} deliveries drained {:?} after the first publish",
+        HOT * REPEATS + fresh,
+        started.elapsed()
+    );
     host.stop().await;
     let (markers, reserved) = (env.markers(NAME).await, env.reserved("sku-1").await);
     assert_applied_once(Some(markers), Some(reserved), HOT + fresh, &nats).await;
@@ -244,7 +286,9 @@ async fn a_stalled_postgres_acks_nothing_wrongly() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     let during = nats.consumer_info(NAME).await;
     pg.signal_all(libc::SIGCONT);
+    let recovery = time_to_progress(|| scalar(&pg, MARKERS)).await;
     nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    eprintln!("chaos postgres stall: commits resumed {recovery:?} after SIGCONT");
     host.stop().await;
     let markers = scalar(&pg, "SELECT count(*) FROM processed_message").await;
     let reserved = scalar(&pg, "SELECT reserved FROM inventory").await;

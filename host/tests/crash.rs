@@ -1,6 +1,6 @@
 //! The seed's seventh test and its siblings: the host *process* is SIGKILLed at a named
-//! failpoint (after the claim, before the commit, after the commit but before the ack), then
-//! restarted; by SQL, every message has exactly one effect. Needs `--features failpoints`.
+//! failpoint (after the claim, inside the handler, before the commit, after the commit but
+//! before the ack), then restarted; by SQL, every message has exactly one effect. Needs `--features failpoints`.
 
 mod common;
 
@@ -88,8 +88,13 @@ async fn crash_then_recover(failpoint: &str, committed_before_crash: i64) {
     .unwrap();
 
     let log = dir.join("second.log");
+    let restarted = std::time::Instant::now();
     let mut host = spawn_host(&config, None, &log);
     nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
+    eprintln!(
+        "crash at {failpoint}: drained {:?} after the restart",
+        restarted.elapsed()
+    );
     assert_eq!(
         env.markers(CONSUMER).await,
         10,
@@ -144,6 +149,13 @@ async fn crash_after_commit_before_ack_has_no_second_effect() {
 #[tokio::test]
 async fn crash_after_claim_loses_nothing() {
     crash_then_recover("after_claim", 0).await;
+}
+
+/// Crash inside the handler, after its statement ran in the transaction: nothing committed;
+/// the redelivery applies once.
+#[tokio::test]
+async fn crash_inside_the_handler_loses_nothing() {
+    crash_then_recover("in_handler", 0).await;
 }
 
 /// Crash after the handler, before COMMIT: nothing committed; the redelivery applies once.

@@ -249,6 +249,45 @@ pub fn message(id: &str, payload: &str) -> Message {
     }
 }
 
+/// Publishes one message with a raw header block (`Name: value` lines, any bytes) over a bare
+/// NATS protocol connection to `host_port`: what a foreign or broken client can send, which
+/// async-nats cannot build. Returns once the server answered the following PING.
+pub async fn publish_raw(host_port: &str, subject: &str, header_lines: &[u8], payload: &[u8]) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let socket = tokio::net::TcpStream::connect(host_port).await.unwrap();
+    let mut conn = BufReader::new(socket);
+    let mut line = String::new();
+    conn.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("INFO"), "{line}");
+    let block = [b"NATS/1.0\r\n", header_lines, b"\r\n"].concat();
+    let mut out =
+        b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1}\r\n"
+            .to_vec();
+    out.extend(
+        format!(
+            "HPUB {subject} {} {}\r\n",
+            block.len(),
+            block.len() + payload.len()
+        )
+        .as_bytes(),
+    );
+    out.extend(&block);
+    out.extend(payload);
+    out.extend(b"\r\nPING\r\n");
+    conn.get_mut().write_all(&out).await.unwrap();
+    loop {
+        line.clear();
+        assert!(
+            conn.read_line(&mut line).await.unwrap() > 0,
+            "connection closed"
+        );
+        assert!(!line.starts_with("-ERR"), "{line}");
+        if line.starts_with("PONG") {
+            break;
+        }
+    }
+}
+
 /// A private stream `<STREAM>` capturing `<prefix>.>`; the dead-letter subject is
 /// `<prefix>.dlq` in the same stream.
 pub struct NatsEnv {

@@ -6,7 +6,7 @@
 //! ends the script with `retryable(error)` unless `"keep_going": true`, in which case the error
 //! text is recorded by the next `{"record_errors": TABLE}` step), `{"fail": "retryable" |
 //! "terminal", "reason": TEXT}`, `{"fail_before_attempt": N}` (retryable while the delivery
-//! attempt is below N), `"trap"`, `"loop"`, `{"alloc_mib": N}`, `{"log": TEXT}`,
+//! attempt is below N), `"trap"`, `"loop"`, `{"alloc_mib": N}`, `{"log": TEXT, "times": N}`,
 //! `{"publish": SUBJECT, "payload": TEXT, "headers": [[NAME, VALUE], ...]}` (through the outbox).
 //! Params are JSON: null, bool, integer, float or string.
 
@@ -107,7 +107,10 @@ impl Guest for Testkit {
                     .unwrap_or_default();
                 tx.publish(subject, &headers, payload.as_bytes())
             } else if let Some(text) = step.get("log").and_then(Value::as_str) {
-                log("info", text);
+                let times = step.get("times").and_then(Value::as_u64).unwrap_or(1);
+                for _ in 0..times {
+                    log("info", text);
+                }
                 Ok(())
             } else if step.as_str() == Some("trap") {
                 core::arch::wasm32::unreachable()

@@ -1,0 +1,131 @@
+//! Bad input from the broker that the e2e tests do not cover: a header block that is not
+//! UTF-8 (which the NATS client cannot read at all), a megabyte-sized id, and an event type the
+//! plugin does not know. Each ends with every good message applied exactly once, proven by SQL,
+//! and the bad one dead-lettered with its reason.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use idemhost::{ClaimSettings, Claimer, Host, Isolation, Outcome};
+
+const CONSUMER: &str = "inventory-reservation-v1";
+
+/// The header of a dead letter, as text.
+fn header_of(headers: &async_nats::HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .map(|v| v.as_str().to_string())
+        .unwrap_or_default()
+}
+
+/// A header block that is not UTF-8 makes the client drop the connection each time the message
+/// is delivered, so the host never sees it. The server stops one delivery after `max_deliver`;
+/// the host keeps that advisory in a stream, fetches the stored message through the raw API
+/// and dead-letters it with the reason (headers copied with the bad bytes replaced). Good
+/// messages around it apply exactly once; the consumer drains.
+#[tokio::test]
+async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
+    let env = TestEnv::new("badhdr").await;
+    env.seed_inventory(&[("sku-1", 1000)]).await;
+    let nats = NatsEnv::new("badhdr", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "inventory",
+        "max_in_flight = 4\nack_wait = \"1s\"\nmax_deliver = 2",
+    )));
+    let good = |range: std::ops::Range<usize>| {
+        range.map(|i| {
+            let id = format!("evt-{i}");
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Msg-Id", id.as_str());
+            (h, order_payload(&id, "sku-1", 1))
+        })
+    };
+    nats.publish_many(good(0..50)).await;
+    let started = Instant::now();
+    let bad_payload = order_payload("evt-binary", "sku-1", 1);
+    publish_raw(
+        NATS_URL.trim_start_matches("nats://"),
+        &nats.subject(),
+        b"Nats-Msg-Id: evt-binary\r\nX-Blob: \xff\xfe\x80 binary\r\n",
+        bad_payload.as_bytes(),
+    )
+    .await;
+    // JetStream refuses header blocks over 64 KiB ("header size exceeds maximum allowed of
+    // 64k"), so a megabyte id never reaches a consumer; the largest it stores is tested.
+    let long_id = "x".repeat(60_000);
+    nats.publish(Some(&long_id), &order_payload("long", "sku-1", 1))
+        .await;
+    nats.publish_many(good(50..100)).await;
+
+    let letters = wait_until(Duration::from_secs(60), "two dead letters", || async {
+        let letters = nats.dead_letters().await;
+        (letters.len() >= 2).then_some(letters)
+    })
+    .await;
+    let recovered = started.elapsed();
+    nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
+    eprintln!("non-UTF-8 headers: dead-lettered {recovered:?} after the publish");
+
+    assert_eq!(env.markers(CONSUMER).await, 100, "every good message, once");
+    assert_eq!(env.reserved("sku-1").await, 100);
+    let (binary, payload) = letters
+        .iter()
+        .find(|(h, _)| header_of(h, "Idemhost-Message-Id") == "evt-binary")
+        .expect("the unreadable message is dead-lettered under its id");
+    assert_eq!(payload, bad_payload.as_bytes());
+    let reason = header_of(binary, "Idemhost-Failure-Reason");
+    assert!(
+        reason.contains("not valid NATS headers in UTF-8"),
+        "{reason}"
+    );
+    assert!(reason.contains("delivered 3 times"), "{reason}");
+    assert_eq!(
+        header_of(binary, "X-Blob"),
+        "\u{fffd}\u{fffd}\u{fffd} binary"
+    );
+    assert_eq!(
+        header_of(binary, "Idemhost-Original-Subject"),
+        nats.subject()
+    );
+    let long = letters
+        .iter()
+        .find(|(h, _)| header_of(h, "Idemhost-Message-Id").is_empty())
+        .expect("the over-long id is dead-lettered");
+    assert!(
+        header_of(&long.0, "Idemhost-Failure-Reason")
+            .contains("60000 bytes, over the 256-byte limit"),
+        "{:?}",
+        header_of(&long.0, "Idemhost-Failure-Reason")
+    );
+    assert_eq!(letters.len(), 2, "each bad message dead-lettered once");
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// An event type a routing plugin does not know is a terminal failure before any effect (the
+/// pipeline dead-letters terminal failures, see `e2e.rs`): no marker is left behind.
+#[tokio::test]
+async fn an_event_type_the_plugin_does_not_know_is_terminal() {
+    let env = TestEnv::new("unknown_type").await;
+    let plugin = load_plugin("order-reservation", Duration::from_secs(5));
+    let consumer = "order-reservation-v1";
+    let c = Claimer::new(
+        env.pool.clone(),
+        ClaimSettings::new(consumer, Isolation::ReadCommitted),
+    );
+    let mut m = message("evt-shipped", r#"{"orderId":"o-1"}"#);
+    m.event_type = Some("OrderShipped".into());
+    let p = c.process(plugin.as_ref(), &m).await;
+    assert!(
+        matches!(&p.outcome, Outcome::TerminalFailure(r) if r.contains("unexpected event type OrderShipped")),
+        "{p:?}"
+    );
+    assert_eq!(env.markers(consumer).await, 0);
+    env.cleanup().await;
+}
