@@ -2,10 +2,12 @@
 //! handler, `COMMIT` — and the decision of what the attempt was (`Outcome`), including the
 //! bounded whole-transaction retry on serialization failure and deadlock.
 
+mod batch;
+
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
 use tracing::{Instrument, debug, info_span};
 
 use crate::config::{ConsumerConfig, Isolation};
@@ -190,6 +192,49 @@ impl AttemptFailure {
     }
 }
 
+/// Whether a handler's attempt must roll back, from its answer and the first database error
+/// it saw.
+fn judge(
+    result: Result<(), HandlerError>,
+    poison: Option<crate::txn::Poison>,
+) -> Option<AttemptFailure> {
+    // A serialization failure inside the handler retries the whole transaction whatever
+    // the handler answered; otherwise the handler's own error wins; an `Ok` after a
+    // database error is never committed (the transaction is aborted in PostgreSQL).
+    match (result, poison) {
+        (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure {
+            kind: p.kind,
+            cause: Rollback::Conflict,
+            reason: p.reason,
+        }),
+        (Err(e), poison) => {
+            let (kind, cause, reason) = match e {
+                HandlerError::Retryable(r) => {
+                    (FailureKind::Retryable, Rollback::HandlerRetryable, r)
+                }
+                HandlerError::Terminal(r) => (FailureKind::Terminal, Rollback::HandlerTerminal, r),
+            };
+            // A handler passing on a failed statement's error: the database is the cause.
+            let cause = if poison.is_some() {
+                Rollback::Database
+            } else {
+                cause
+            };
+            Some(AttemptFailure {
+                kind,
+                cause,
+                reason,
+            })
+        }
+        (Ok(()), Some(p)) => Some(AttemptFailure {
+            kind: p.kind,
+            cause: AttemptFailure::cause_of(p.kind),
+            reason: format!("handler returned ok after a database error: {}", p.reason),
+        }),
+        (Ok(()), None) => None,
+    }
+}
+
 impl Claimer {
     pub fn new(pool: PgPool, settings: ClaimSettings) -> Self {
         let begin_sql = format!(
@@ -222,7 +267,17 @@ impl Claimer {
     /// Processes one delivery: claims its marker and runs `handler` in one transaction,
     /// retrying the whole transaction on 40001/40P01 up to `tx_max_attempts`.
     pub async fn process(&self, handler: &dyn Handler, msg: &Message) -> Processed {
-        let mut attempt = 1;
+        self.process_from(handler, msg, 1).await
+    }
+
+    /// [`Self::process`], counting transaction attempts from `attempt` (a group-commit batch
+    /// abandoned on a conflict was the first).
+    async fn process_from(
+        &self,
+        handler: &dyn Handler,
+        msg: &Message,
+        mut attempt: u32,
+    ) -> Processed {
         loop {
             let started = Instant::now();
             let span = info_span!("idemhost.claim", tx_attempt = attempt);
@@ -291,101 +346,91 @@ impl Claimer {
                 cause: Rollback::Connection,
                 ..AttemptFailure::db("failed to begin transaction", &e)
             })?;
-        let claim_started = Instant::now();
-        let claimed = sqlx::query(CLAIM_SQL)
-            .bind(&self.settings.consumer_name)
-            .bind(&msg.id)
-            .fetch_optional(&mut *tx)
-            .await;
-        timing.claim = claim_started.elapsed();
-        match claimed {
+        match self.claim(&mut tx, msg, timing).await {
             Err(e) => Err(AttemptFailure::db("failed to claim marker", &e)),
-            Ok(None) => tx
+            Ok(false) => tx
                 .commit()
                 .await
                 .map(|()| Outcome::Duplicate)
                 .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e)),
-            Ok(Some(_)) => {
-                failpoint::hit("after_claim");
-                if let Some(role) = &self.settings.role {
-                    pg::set_role(&mut tx, Some(role))
-                        .await
-                        .map_err(|e| AttemptFailure::db("failed to set the handler's role", &e))?;
+            Ok(true) => {
+                let (mut tx, failure) = self.lend(tx, handler, msg, timing).await?;
+                if let Some(failure) = failure {
+                    if let Err(e) = tx.rollback().await {
+                        debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
+                    }
+                    return Err(failure);
                 }
-                let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers)
-                    .with_role(self.settings.role.clone());
-                self.run_handler(handler, msg, TxHandle::new(tx, origin), timing)
+                self.after_handler(&mut tx, handler, msg).await?;
+                failpoint::hit("before_commit");
+                tx.commit()
                     .await
+                    .map(|()| Outcome::Applied)
+                    .map_err(|e| AttemptFailure::db("failed to commit", &e))
             }
         }
     }
 
-    /// Runs the handler on the claimed transaction and commits or rolls back.
-    async fn run_handler(
+    /// Runs the claim statement; whether this transaction now owns the marker.
+    async fn claim(
         &self,
+        tx: &mut Transaction<'static, Postgres>,
+        msg: &Message,
+        timing: &mut Timing,
+    ) -> Result<bool, sqlx::Error> {
+        let started = Instant::now();
+        let claimed = sqlx::query(CLAIM_SQL)
+            .bind(&self.settings.consumer_name)
+            .bind(&msg.id)
+            .fetch_optional(&mut **tx)
+            .await;
+        timing.claim = started.elapsed();
+        claimed.map(|row| row.is_some())
+    }
+
+    /// Lends the claimed transaction to the handler (as the consumer's role, if any) and takes
+    /// it back, with the reason it must roll back if it must.
+    async fn lend(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
         handler: &dyn Handler,
         msg: &Message,
-        handle: TxHandle,
         timing: &mut Timing,
-    ) -> Result<Outcome, AttemptFailure> {
-        let span = info_span!("idemhost.plugin.handle");
+    ) -> Result<(Transaction<'static, Postgres>, Option<AttemptFailure>), AttemptFailure> {
+        failpoint::hit("after_claim");
+        if let Some(role) = &self.settings.role {
+            pg::set_role(&mut tx, Some(role))
+                .await
+                .map_err(|e| AttemptFailure::db("failed to set the handler's role", &e))?;
+        }
+        let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers)
+            .with_role(self.settings.role.clone());
+        let handle = TxHandle::new(tx, origin);
         let started = Instant::now();
-        let result = handler.handle(&handle, msg).instrument(span).await;
+        let result = handler
+            .handle(&handle, msg)
+            .instrument(info_span!("idemhost.plugin.handle"))
+            .await;
         timing.handler = Some(started.elapsed());
         let (tx, poison) = handle.take().await;
-        let Some(tx) = tx else {
-            return Err(AttemptFailure {
-                kind: FailureKind::Retryable,
-                cause: Rollback::Connection,
-                reason: "transaction lost during the handler".into(),
-            });
-        };
-        // A serialization failure inside the handler retries the whole transaction whatever
-        // the handler answered; otherwise the handler's own error wins; an `Ok` after a
-        // database error is never committed (the transaction is aborted in PostgreSQL).
-        let failure = match (result, poison) {
-            (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure {
-                kind: p.kind,
-                cause: Rollback::Conflict,
-                reason: p.reason,
-            }),
-            (Err(e), poison) => {
-                let (kind, cause, reason) = match e {
-                    HandlerError::Retryable(r) => {
-                        (FailureKind::Retryable, Rollback::HandlerRetryable, r)
-                    }
-                    HandlerError::Terminal(r) => {
-                        (FailureKind::Terminal, Rollback::HandlerTerminal, r)
-                    }
-                };
-                // A handler passing on a failed statement's error: the database is the cause.
-                let cause = if poison.is_some() {
-                    Rollback::Database
-                } else {
-                    cause
-                };
-                Some(AttemptFailure {
-                    kind,
-                    cause,
-                    reason,
-                })
-            }
-            (Ok(()), Some(p)) => Some(AttemptFailure {
-                kind: p.kind,
-                cause: AttemptFailure::cause_of(p.kind),
-                reason: format!("handler returned ok after a database error: {}", p.reason),
-            }),
-            (Ok(()), None) => None,
-        };
-        if let Some(failure) = failure {
-            if let Err(e) = tx.rollback().await {
-                debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
-            }
-            return Err(failure);
-        }
-        let mut tx = tx;
+        let tx = tx.ok_or_else(|| AttemptFailure {
+            kind: FailureKind::Retryable,
+            cause: Rollback::Connection,
+            reason: "transaction lost during the handler".into(),
+        })?;
+        Ok((tx, judge(result, poison)))
+    }
+
+    /// After a handler succeeded: back to the host's role, and the plugin version recorded
+    /// beside the marker.
+    async fn after_handler(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        handler: &dyn Handler,
+        msg: &Message,
+    ) -> Result<(), AttemptFailure> {
         if self.settings.role.is_some() {
-            pg::set_role(&mut tx, None)
+            pg::set_role(tx, None)
                 .await
                 .map_err(|e| AttemptFailure::db("failed to reset the handler's role", &e))?;
         }
@@ -394,14 +439,10 @@ impl Claimer {
                 .bind(&self.settings.consumer_name)
                 .bind(&msg.id)
                 .bind(digest)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await
                 .map_err(|e| AttemptFailure::db("failed to record the plugin version", &e))?;
         }
-        failpoint::hit("before_commit");
-        tx.commit()
-            .await
-            .map(|()| Outcome::Applied)
-            .map_err(|e| AttemptFailure::db("failed to commit", &e))
+        Ok(())
     }
 }

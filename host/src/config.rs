@@ -305,6 +305,13 @@ pub struct ConsumerConfig {
     /// Deliveries handled at once (each holds one PostgreSQL connection).
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: u32,
+    /// Group commit: up to this many deliveries share one transaction, each behind its own
+    /// SAVEPOINT (1: one transaction per delivery). `max_in_flight` then counts transactions.
+    #[serde(default = "default_batch_max")]
+    pub batch_max: u32,
+    /// How long a batch waits for more deliveries after its first one before it starts.
+    #[serde(default = "default_batch_linger")]
+    pub batch_linger: Dur,
     /// Deliveries of one message before a retryable failure is dead-lettered.
     #[serde(default = "default_max_deliver")]
     pub max_deliver: u32,
@@ -618,6 +625,14 @@ fn default_application_name() -> String {
 fn default_max_connections() -> u32 {
     16
 }
+fn default_batch_max() -> u32 {
+    1
+}
+
+fn default_batch_linger() -> Dur {
+    Dur(Duration::from_millis(2))
+}
+
 fn default_max_in_flight() -> u32 {
     16
 }

@@ -7,16 +7,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::{Consumer, pull};
-use async_nats::jetstream::{self, AckKind, stream};
+use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{debug, info, warn};
 
-use crate::claim::{Claimer, Outcome};
+use crate::claim::Claimer;
 use crate::config::ConsumerConfig;
-use crate::failpoint;
-use crate::handler::Message;
 use crate::metrics::{ConsumerMetrics, Metrics};
 use crate::registry::Slot;
 
@@ -25,9 +23,9 @@ mod headers;
 pub mod ordering;
 #[cfg(test)]
 mod props;
+mod settle;
 pub use headers::header;
 pub use headers::message_id;
-use headers::{flatten, header_safe, traceparent};
 use ordering::{KeySpec, KeyedQueues};
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry
@@ -250,8 +248,14 @@ impl ConsumerRuntime {
     /// already fetched, for a slot — the client never buffers more than that, and nothing
     /// waits unstarted long enough to reach its ack deadline.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
+        let batch_max = self.config.batch_max.max(1) as usize;
         let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
-        let credits = Arc::new(Semaphore::new(self.config.max_in_flight as usize * 2));
+        let credits = Arc::new(Semaphore::new(
+            self.config.max_in_flight as usize * 2 * batch_max,
+        ));
+        // Group commit: deliveries gathered for the next batch, and when it must start.
+        let mut group: Vec<(jetstream::Message, OwnedSemaphorePermit)> = Vec::new();
+        let mut linger_until: Option<tokio::time::Instant> = None;
         let mut tasks = JoinSet::new();
         let mut backoff = Duration::from_millis(100);
         let watcher = {
@@ -293,8 +297,16 @@ impl ConsumerRuntime {
             };
             backoff = Duration::from_millis(100);
             loop {
+                let linger = tokio::time::sleep_until(
+                    linger_until.unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
+                );
                 let next = tokio::select! {
                     n = batch.next() => n,
+                    _ = linger, if linger_until.is_some() => {
+                        linger_until = None;
+                        tasks.spawn(self.clone().settle_batch(slots.clone(), std::mem::take(&mut group)));
+                        continue;
+                    }
                     _ = shutdown.changed() => break 'pull,
                 };
                 match next {
@@ -305,6 +317,21 @@ impl ConsumerRuntime {
                             warn!(consumer = %self.config.name, "pull returned more messages than requested");
                             continue;
                         };
+                        if batch_max > 1 {
+                            group.push((msg, credit));
+                            if group.len() == 1 {
+                                linger_until =
+                                    Some(tokio::time::Instant::now() + self.config.batch_linger.0);
+                            }
+                            if group.len() >= batch_max {
+                                linger_until = None;
+                                tasks.spawn(
+                                    self.clone()
+                                        .settle_batch(slots.clone(), std::mem::take(&mut group)),
+                                );
+                            }
+                            continue;
+                        }
                         let (this, slots) = (self.clone(), slots.clone());
                         match self.ordering.as_ref().and_then(|k| k.key_of(&msg.message)) {
                             // Behind a running delivery of the same key: its worker takes it.
@@ -330,6 +357,19 @@ impl ConsumerRuntime {
                     None => break,
                 }
             }
+            // The pull request is over: what it gathered starts now rather than wait for the
+            // next request.
+            if !group.is_empty() {
+                linger_until = None;
+                tasks.spawn(
+                    self.clone()
+                        .settle_batch(slots.clone(), std::mem::take(&mut group)),
+                );
+            }
+        }
+        if !group.is_empty() {
+            // Already pulled: handled like the other in-flight deliveries.
+            tasks.spawn(self.clone().settle_batch(slots.clone(), group));
         }
         info!(consumer = %self.config.name, in_flight = tasks.len(), "stopped pulling, draining");
         let drained =
@@ -358,280 +398,6 @@ impl ConsumerRuntime {
             next = self.keyed.next(&key);
         }
     }
-
-    /// Handles one delivery start to finish and settles it with the broker.
-    async fn settle(&self, msg: jetstream::Message) {
-        let (attempt, stream_seq, stored_ns) = match msg.info() {
-            Ok(info) => (
-                u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
-                info.stream_sequence,
-                Some(info.published.unix_timestamp_nanos()),
-            ),
-            Err(_) => (1, 0, None),
-        };
-        self.metrics.started(attempt);
-        let headers = msg.message.headers.clone().unwrap_or_default();
-        let event_type = header(&headers, EVENT_TYPE_HEADER);
-        let trace = traceparent(&headers);
-        let id = message_id(&headers, &self.config.id_header);
-        // What a delivery's log lines carry; never the payload (`host.log_payload_digest`
-        // adds its size and sha256). `outcome` and the durations are filled in as it settles.
-        let span = info_span!(
-            "idemhost.delivery",
-            consumer = %self.config.name,
-            message_id = id.as_deref().unwrap_or(""),
-            event_type = event_type.as_deref().unwrap_or(msg.message.subject.as_str()),
-            trace_id = trace.as_ref().map_or("", |t| t.0.as_str()),
-            parent_span_id = trace.as_ref().map_or("", |t| t.1.as_str()),
-            attempt,
-            stream_seq,
-            plugin = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            tx_ms = tracing::field::Empty,
-            claim_ms = tracing::field::Empty,
-            handler_ms = tracing::field::Empty,
-            tx_attempts = tracing::field::Empty,
-            payload_bytes = tracing::field::Empty,
-            payload_sha256 = tracing::field::Empty,
-            "messaging.system" = "nats",
-            "messaging.operation" = "process",
-        );
-        #[cfg(feature = "otlp")]
-        crate::otel::continue_trace(&span, &headers);
-        if self.log_payload_digest {
-            use sha2::Digest as _;
-            let digest = sha2::Sha256::digest(&msg.message.payload);
-            span.record("payload_bytes", msg.message.payload.len());
-            span.record("payload_sha256", format!("{digest:x}"));
-        }
-        async {
-            let too_big = (msg.message.payload.len() as u64 > self.config.max_payload.0).then(|| {
-                format!(
-                    "payload is {} bytes, over the consumer's max_payload of {} bytes",
-                    msg.message.payload.len(),
-                    self.config.max_payload.0
-                )
-            });
-            // Refused before any transaction: no valid id, or a payload over the limit.
-            let checked = match (id, too_big) {
-                (Ok(id), None) => Ok(id),
-                (Ok(id), Some(reason)) => Err((Some(id), reason)),
-                (Err(reason), _) => Err((None, reason)),
-            };
-            let id = match checked {
-                Ok(id) => id,
-                Err((id, reason)) => {
-                    let event = event_type.as_deref().unwrap_or(msg.message.subject.as_str());
-                    self.metrics.settled(event, "terminal_failure", None);
-                    tracing::Span::current().record("outcome", "terminal_failure");
-                    warn!(outcome = "terminal_failure", %reason, "delivery refused");
-                    self.dead_letter(&msg, id.as_deref(), stream_seq, &reason, attempt).await;
-                    return;
-                }
-            };
-            let mut message = Message {
-                id,
-                subject: msg.message.subject.to_string(),
-                event_type,
-                headers: flatten(&headers),
-                payload: msg.message.payload.clone(),
-                delivery_attempt: attempt,
-            };
-            let mut attempt = attempt;
-            // Ordered consumers retry a retryable failure in place (the key waits); the others
-            // nak it and the broker redelivers later. Each pass is one delivery attempt.
-            loop {
-                message.delivery_attempt = attempt;
-                // One version from here to the ack: a swap meanwhile affects only later deliveries.
-                let active = self.plugin.begin();
-                let span = tracing::Span::current();
-                span.record("plugin", active.version.digest.as_str());
-                let processed = self.with_progress(&msg, self.claimer.process(active.handler.as_ref(), &message)).await;
-                self.metrics.settled(message.event_type_or_subject(), processed.outcome.label(), Some(&processed));
-                let ms = |d: Duration| d.as_secs_f64() * 1e3;
-                let tx_ms = ms(processed.tx_time);
-                span.record("outcome", processed.outcome.label());
-                span.record("tx_ms", tx_ms);
-                span.record("claim_ms", ms(processed.claim_time));
-                if let Some(h) = processed.handler_time {
-                    span.record("handler_ms", ms(h));
-                }
-                span.record("tx_attempts", processed.tx_attempts);
-                match &processed.outcome {
-                    Outcome::Applied | Outcome::Duplicate => {
-                        failpoint::hit("after_commit_before_ack");
-                        match self.confirmed(&msg, AckKind::Ack).await {
-                            Ok(()) => {
-                                if let Some(stored) = stored_ns {
-                                    self.metrics.acked(crate::ops::age_of(stored));
-                                }
-                                info!(outcome = processed.outcome.label(), tx_ms, tx_attempts = processed.tx_attempts, "delivery done")
-                            }
-                            // The marker is committed: a redelivery will be a duplicate.
-                            Err(e) => warn!(outcome = processed.outcome.label(), error = %e, "ack not confirmed; redelivery will be a duplicate"),
-                        }
-                    }
-                    Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver && self.ordering.is_some() => {
-                        let delay = self.config.backoff_for(attempt);
-                        warn!(outcome = "retryable_failure", %reason, ?delay, "delivery failed; retried in place, its ordering key waits");
-                        self.with_progress(&msg, tokio::time::sleep(delay)).await;
-                        attempt += 1;
-                        span.record("attempt", attempt);
-                        self.metrics.started(attempt);
-                        continue;
-                    }
-                    Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver => {
-                        let delay = self.config.backoff_for(attempt);
-                        warn!(outcome = "retryable_failure", %reason, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
-                        if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
-                            warn!(error = %e, "nak failed; the broker redelivers after ack_wait");
-                        }
-                    }
-                    Outcome::RetryableFailure(reason) => {
-                        let key_note = if self.ordering.is_some() { "; its ordering key moves on" } else { "" };
-                        let reason = format!("{reason} (after {attempt} deliveries, max_deliver {}{key_note})", self.config.max_deliver);
-                        warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
-                        self.dead_letter(&msg, Some(&message.id), stream_seq, &reason, attempt).await;
-                    }
-                    Outcome::TerminalFailure(reason) => {
-                        warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
-                        self.dead_letter(&msg, Some(&message.id), stream_seq, reason, attempt).await;
-                    }
-                }
-                break;
-            }
-        }
-        .instrument(span)
-        .await
-    }
-
-    /// Sends `kind` and waits for the server's confirmation (JetStream's "double ack"), as a
-    /// request through the client's shared reply inbox: one round trip, no subscription per
-    /// ack. Bounded by `nats.request_timeout`.
-    async fn confirmed(
-        &self,
-        msg: &jetstream::Message,
-        kind: AckKind,
-    ) -> Result<(), async_nats::Error> {
-        let reply = msg
-            .message
-            .reply
-            .clone()
-            .ok_or("not a JetStream message: no reply subject")?;
-        self.client.request(reply, kind.into()).await?;
-        Ok(())
-    }
-
-    /// Runs `work`, telling JetStream the delivery is in progress every third of `ack_wait` so
-    /// a slow (but bounded) delivery is not redelivered to someone else meanwhile.
-    async fn with_progress<T>(&self, msg: &jetstream::Message, work: impl Future<Output = T>) -> T {
-        let every = self.config.ack_wait.0 / 3;
-        tokio::pin!(work);
-        loop {
-            tokio::select! {
-                out = &mut work => return out,
-                _ = tokio::time::sleep(every) => {
-                    if let Err(e) = msg.ack_with(AckKind::Progress).await {
-                        debug!(error = %e, "in-progress ack failed");
-                    }
-                }
-            }
-        }
-    }
-
-    /// Publishes the message to the dead-letter subject — original headers and payload, the
-    /// original id in `Idemhost-Message-Id` (what a replay is processed under), plus the
-    /// reason — and, once JetStream stored it, terminates the delivery. If the publish fails
-    /// the delivery is nak'ed instead, so nothing is lost.
-    ///
-    /// The dead letter's broker-level `Nats-Msg-Id` is `<consumer>/<id>/<stream seq>` (or
-    /// `<consumer>/seq-<n>` without a valid id): a stream that already saw the original id (the
-    /// same stream, or one shared by several consumers' dead letters) would otherwise drop it
-    /// as a duplicate, and a replayed copy (a new stream sequence) that fails again must not
-    /// be taken for the first dead letter; a second dead-lettering of the same stored message
-    /// is still absorbed.
-    async fn dead_letter(
-        &self,
-        msg: &jetstream::Message,
-        id: Option<&str>,
-        stream_seq: u64,
-        reason: &str,
-        attempt: u32,
-    ) {
-        let letter = DeadLetter {
-            headers: msg.message.headers.clone().unwrap_or_default(),
-            id,
-            stream_seq,
-            reason,
-            attempt,
-            subject: msg.message.subject.as_str(),
-            payload: msg.message.payload.clone(),
-        };
-        match self.publish_dead_letter(letter).await {
-            Ok(()) => {
-                self.metrics.dead_lettered();
-                if let Err(e) = self.confirmed(msg, AckKind::Term).await {
-                    warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
-                }
-            }
-            Err(e) => {
-                error!(error = %e, "dead-letter publish failed; nak instead");
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt))))
-                    .await;
-            }
-        }
-    }
-
-    /// Publishes a dead letter and waits until JetStream stored it.
-    async fn publish_dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), async_nats::Error> {
-        let DeadLetter {
-            mut headers,
-            id,
-            stream_seq,
-            reason,
-            attempt,
-            subject: original_subject,
-            payload,
-        } = letter;
-        let broker_id = match id {
-            Some(id) => {
-                headers.insert(REPLAY_ID_HEADER, id);
-                format!("{}/{id}/{stream_seq}", self.config.name)
-            }
-            None => format!("{}/seq-{stream_seq}", self.config.name),
-        };
-        headers.insert("Nats-Msg-Id", broker_id.as_str());
-        headers.insert(FAILURE_REASON_HEADER, header_safe(reason).as_str());
-        headers.insert(FAILED_CONSUMER_HEADER, self.config.name.as_str());
-        headers.insert(ORIGINAL_SUBJECT_HEADER, original_subject);
-        headers.insert(DELIVERY_ATTEMPT_HEADER, attempt.to_string().as_str());
-        let subject = self.config.dead_letter_subject();
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), headers, payload)
-            .await?
-            .await?;
-        if ack.duplicate {
-            info!(dead_letter_subject = %subject, "already dead-lettered");
-        } else {
-            info!(dead_letter_subject = %subject, "dead-lettered");
-        }
-        Ok(())
-    }
-}
-
-/// A message on its way to the dead-letter subject: its original headers (to which the reason,
-/// consumer, original subject and attempt are added), id and stream sequence (which make its
-/// broker-level id) and payload.
-struct DeadLetter<'a> {
-    headers: async_nats::HeaderMap,
-    id: Option<&'a str>,
-    stream_seq: u64,
-    reason: &'a str,
-    attempt: u32,
-    subject: &'a str,
-    payload: bytes::Bytes,
 }
 
 /// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.

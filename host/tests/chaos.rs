@@ -94,9 +94,7 @@ async fn wait_for_markers(pg: &PrivatePostgres, at: usize) {
     wait_until(
         Duration::from_secs(240),
         &format!("{at} markers"),
-        || async {
-            (scalar(pg, MARKERS).await? >= at as i64).then_some(())
-        },
+        || async { (scalar(pg, MARKERS).await? >= at as i64).then_some(()) },
     )
     .await;
 }
@@ -110,12 +108,16 @@ where
 {
     let back = Instant::now();
     let first = Cell::new(None::<i64>);
-    wait_until(Duration::from_secs(240), "progress after the fault", || async {
-        let n = count().await?;
-        let base = *first.get().get_or_insert(n);
-        first.set(Some(base));
-        (n > base).then_some(())
-    })
+    wait_until(
+        Duration::from_secs(240),
+        "progress after the fault",
+        || async {
+            let n = count().await?;
+            let base = *first.get().get_or_insert(n);
+            first.set(Some(base));
+            (n > base).then_some(())
+        },
+    )
     .await;
     back.elapsed()
 }

@@ -129,6 +129,15 @@ impl Config {
             if c.max_in_flight == 0 || c.max_in_flight > 4096 {
                 return bad(key("max_in_flight"), "must be between 1 and 4096");
             }
+            if c.batch_max == 0 || c.batch_max > 1000 {
+                return bad(key("batch_max"), "must be between 1 and 1000");
+            }
+            if c.batch_max > 1 && c.ordering.is_some() {
+                return bad(
+                    key("batch_max"),
+                    "cannot be combined with `ordering` (an ordered key retries in place, one delivery at a time)",
+                );
+            }
             if c.max_deliver == 0 {
                 return bad(key("max_deliver"), "must be at least 1");
             }

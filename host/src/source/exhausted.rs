@@ -22,8 +22,9 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use super::ConsumerRuntime;
 use super::headers::message_id;
-use super::{ConsumerRuntime, DeadLetter};
+use super::settle::DeadLetter;
 
 /// What the watcher's own durable consumer on the advisory stream is called.
 const WATCHER: &str = "idemhost-exhausted";

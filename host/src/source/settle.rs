@@ -1,0 +1,457 @@
+//! Settling deliveries: reading what a delivery carries, running it through the claim pipeline
+//! (alone, or with others in one group-commit transaction), then ack after the commit, nak with
+//! backoff, or dead-letter with the original id, headers and payload, then term.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use super::headers::{flatten, header_safe, traceparent};
+use super::{
+    ConsumerRuntime, DELIVERY_ATTEMPT_HEADER, EVENT_TYPE_HEADER, FAILED_CONSUMER_HEADER,
+    FAILURE_REASON_HEADER, ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER, header, message_id,
+};
+use crate::claim::{Outcome, Processed};
+use crate::failpoint;
+use crate::handler::Message;
+
+impl ConsumerRuntime {
+    /// Group commit: handles `group` in one transaction (see [`Claimer::process_batch`]) and
+    /// settles each delivery with the broker after the commit, as `settle` would have.
+    pub(super) async fn settle_batch(
+        self: Arc<Self>,
+        slots: Arc<Semaphore>,
+        group: Vec<(jetstream::Message, OwnedSemaphorePermit)>,
+    ) {
+        let Ok(_slot) = slots.acquire_owned().await else {
+            return;
+        };
+        let (pulled, _credits): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+        let mut ready = Vec::with_capacity(pulled.len());
+        let mut messages = Vec::with_capacity(pulled.len());
+        for msg in &pulled {
+            let Prepared {
+                attempt,
+                stream_seq,
+                stored_ns,
+                span,
+                checked,
+            } = self.prepare(msg);
+            let checked = self
+                .checked(msg, checked, stream_seq, attempt)
+                .instrument(span.clone())
+                .await;
+            if let Some(message) = checked {
+                ready.push((msg, span, attempt, stream_seq, stored_ns));
+                messages.push(message);
+            }
+        }
+        if messages.is_empty() {
+            return;
+        }
+        let active = self.plugin.begin();
+        let refs: Vec<&jetstream::Message> = ready.iter().map(|r| r.0).collect();
+        let results = self
+            .with_progress(
+                &refs,
+                self.claimer
+                    .process_batch(active.handler.as_ref(), &messages),
+            )
+            .await;
+        let size = messages.len();
+        let this = &*self;
+        let settled = ready.iter().zip(&messages).zip(&results).map(
+            |((&(msg, ref span, attempt, stream_seq, stored_ns), message), processed)| {
+                let digest = active.version.digest.as_str();
+                async move {
+                    let current = tracing::Span::current();
+                    current.record("plugin", digest);
+                    current.record("batch", size);
+                    this.record(message, processed);
+                    let delivery = Settled {
+                        msg,
+                        message,
+                        attempt,
+                        stream_seq,
+                        stored_ns,
+                    };
+                    this.conclude(delivery, processed).await;
+                }
+                .instrument(span.clone())
+            },
+        );
+        futures::future::join_all(settled).await;
+    }
+
+    /// Handles one delivery start to finish and settles it with the broker.
+    pub(super) async fn settle(&self, msg: jetstream::Message) {
+        let prepared = self.prepare(&msg);
+        let span = prepared.span.clone();
+        async {
+            let mut message = match self.checked(&msg, prepared.checked, prepared.stream_seq, prepared.attempt).await {
+                Some(m) => m,
+                None => return,
+            };
+            let mut attempt = prepared.attempt;
+            // Ordered consumers retry a retryable failure in place (the key waits); the others
+            // nak it and the broker redelivers later. Each pass is one delivery attempt.
+            loop {
+                message.delivery_attempt = attempt;
+                // One version from here to the ack: a swap meanwhile affects only later deliveries.
+                let active = self.plugin.begin();
+                tracing::Span::current().record("plugin", active.version.digest.as_str());
+                let processed = self.with_progress(&[&msg], self.claimer.process(active.handler.as_ref(), &message)).await;
+                self.record(&message, &processed);
+                match &processed.outcome {
+                    Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver && self.ordering.is_some() => {
+                        let delay = self.config.backoff_for(attempt);
+                        warn!(outcome = "retryable_failure", %reason, ?delay, "delivery failed; retried in place, its ordering key waits");
+                        self.with_progress(&[&msg], tokio::time::sleep(delay)).await;
+                        attempt += 1;
+                        tracing::Span::current().record("attempt", attempt);
+                        self.metrics.started(attempt);
+                    }
+                    _ => {
+                        let delivery = Settled { msg: &msg, message: &message, attempt, stream_seq: prepared.stream_seq, stored_ns: prepared.stored_ns };
+                        return self.conclude(delivery, &processed).await;
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Reads what a delivery carries — attempt, stream sequence, id, event type, trace context
+    /// — opens its span, and checks it can be handled at all (a valid id, a payload within
+    /// `max_payload`).
+    fn prepare(&self, msg: &jetstream::Message) -> Prepared {
+        let (attempt, stream_seq, stored_ns) = match msg.info() {
+            Ok(info) => (
+                u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
+                info.stream_sequence,
+                Some(info.published.unix_timestamp_nanos()),
+            ),
+            Err(_) => (1, 0, None),
+        };
+        self.metrics.started(attempt);
+        let headers = msg.message.headers.clone().unwrap_or_default();
+        let event_type = header(&headers, EVENT_TYPE_HEADER);
+        let trace = traceparent(&headers);
+        let id = message_id(&headers, &self.config.id_header);
+        // What a delivery's log lines carry; never the payload (`host.log_payload_digest`
+        // adds its size and sha256). `outcome` and the durations are filled in as it settles.
+        let span = info_span!(
+            "idemhost.delivery",
+            consumer = %self.config.name,
+            message_id = id.as_deref().unwrap_or(""),
+            event_type = event_type.as_deref().unwrap_or(msg.message.subject.as_str()),
+            trace_id = trace.as_ref().map_or("", |t| t.0.as_str()),
+            parent_span_id = trace.as_ref().map_or("", |t| t.1.as_str()),
+            attempt,
+            stream_seq,
+            plugin = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            tx_ms = tracing::field::Empty,
+            claim_ms = tracing::field::Empty,
+            handler_ms = tracing::field::Empty,
+            tx_attempts = tracing::field::Empty,
+            batch = tracing::field::Empty,
+            payload_bytes = tracing::field::Empty,
+            payload_sha256 = tracing::field::Empty,
+            "messaging.system" = "nats",
+            "messaging.operation" = "process",
+        );
+        #[cfg(feature = "otlp")]
+        crate::otel::continue_trace(&span, &headers);
+        if self.log_payload_digest {
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(&msg.message.payload);
+            span.record("payload_bytes", msg.message.payload.len());
+            span.record("payload_sha256", format!("{digest:x}"));
+        }
+        let too_big = (msg.message.payload.len() as u64 > self.config.max_payload.0).then(|| {
+            format!(
+                "payload is {} bytes, over the consumer's max_payload of {} bytes",
+                msg.message.payload.len(),
+                self.config.max_payload.0
+            )
+        });
+        let checked = match (id, too_big) {
+            (Ok(id), None) => Ok(Message {
+                id,
+                subject: msg.message.subject.to_string(),
+                event_type,
+                headers: flatten(&headers),
+                payload: msg.message.payload.clone(),
+                delivery_attempt: attempt,
+            }),
+            (Ok(id), Some(reason)) => Err((Some(id), reason)),
+            (Err(reason), _) => Err((None, reason)),
+        };
+        Prepared {
+            attempt,
+            stream_seq,
+            stored_ns,
+            span,
+            checked,
+        }
+    }
+
+    /// The message to handle, or `None` when it was refused before any transaction (then it
+    /// is dead-lettered here). Runs inside the delivery's span.
+    async fn checked(
+        &self,
+        msg: &jetstream::Message,
+        checked: Result<Message, (Option<String>, String)>,
+        stream_seq: u64,
+        attempt: u32,
+    ) -> Option<Message> {
+        match checked {
+            Ok(message) => Some(message),
+            Err((id, reason)) => {
+                let headers = msg.message.headers.as_ref();
+                let event = headers
+                    .and_then(|h| header(h, EVENT_TYPE_HEADER))
+                    .unwrap_or_else(|| msg.message.subject.to_string());
+                self.metrics.settled(&event, "terminal_failure", None);
+                tracing::Span::current().record("outcome", "terminal_failure");
+                warn!(outcome = "terminal_failure", %reason, "delivery refused");
+                self.dead_letter(msg, id.as_deref(), stream_seq, &reason, attempt)
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// Counts a processed attempt and records its outcome and durations on the current span.
+    fn record(&self, message: &Message, processed: &Processed) {
+        self.metrics.settled(
+            message.event_type_or_subject(),
+            processed.outcome.label(),
+            Some(processed),
+        );
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let span = tracing::Span::current();
+        span.record("outcome", processed.outcome.label());
+        span.record("tx_ms", ms(processed.tx_time));
+        span.record("claim_ms", ms(processed.claim_time));
+        if let Some(h) = processed.handler_time {
+            span.record("handler_ms", ms(h));
+        }
+        span.record("tx_attempts", processed.tx_attempts);
+    }
+
+    /// Settles a processed delivery with the broker: ack after a commit, nak with backoff
+    /// after a retryable failure, dead-letter after a terminal one or the last attempt.
+    async fn conclude(&self, d: Settled<'_>, processed: &Processed) {
+        let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
+        match &processed.outcome {
+            Outcome::Applied | Outcome::Duplicate => {
+                failpoint::hit("after_commit_before_ack");
+                match self.confirmed(d.msg, AckKind::Ack).await {
+                    Ok(()) => {
+                        if let Some(stored) = d.stored_ns {
+                            self.metrics.acked(crate::ops::age_of(stored));
+                        }
+                        info!(
+                            outcome = processed.outcome.label(),
+                            tx_ms,
+                            tx_attempts = processed.tx_attempts,
+                            "delivery done"
+                        )
+                    }
+                    // The marker is committed: a redelivery will be a duplicate.
+                    Err(e) => {
+                        warn!(outcome = processed.outcome.label(), error = %e, "ack not confirmed; redelivery will be a duplicate")
+                    }
+                }
+            }
+            Outcome::RetryableFailure(reason) if d.attempt < self.config.max_deliver => {
+                let delay = self.config.backoff_for(d.attempt);
+                warn!(outcome = "retryable_failure", %reason, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
+                if let Err(e) = d.msg.ack_with(AckKind::Nak(Some(delay))).await {
+                    warn!(error = %e, "nak failed; the broker redelivers after ack_wait");
+                }
+            }
+            Outcome::RetryableFailure(reason) => {
+                let key_note = if self.ordering.is_some() {
+                    "; its ordering key moves on"
+                } else {
+                    ""
+                };
+                let reason = format!(
+                    "{reason} (after {} deliveries, max_deliver {}{key_note})",
+                    d.attempt, self.config.max_deliver
+                );
+                warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
+                self.dead_letter(d.msg, Some(&d.message.id), d.stream_seq, &reason, d.attempt)
+                    .await;
+            }
+            Outcome::TerminalFailure(reason) => {
+                warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
+                self.dead_letter(d.msg, Some(&d.message.id), d.stream_seq, reason, d.attempt)
+                    .await;
+            }
+        }
+    }
+
+    /// Sends `kind` and waits for the server's confirmation (JetStream's "double ack"), as a
+    /// request through the client's shared reply inbox: one round trip, no subscription per
+    /// ack. Bounded by `nats.request_timeout`.
+    async fn confirmed(
+        &self,
+        msg: &jetstream::Message,
+        kind: AckKind,
+    ) -> Result<(), async_nats::Error> {
+        let reply = msg
+            .message
+            .reply
+            .clone()
+            .ok_or("not a JetStream message: no reply subject")?;
+        self.client.request(reply, kind.into()).await?;
+        Ok(())
+    }
+
+    /// Runs `work`, telling JetStream the delivery is in progress every third of `ack_wait` so
+    /// a slow (but bounded) delivery is not redelivered to someone else meanwhile.
+    async fn with_progress<T>(
+        &self,
+        msgs: &[&jetstream::Message],
+        work: impl Future<Output = T>,
+    ) -> T {
+        let every = self.config.ack_wait.0 / 3;
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = tokio::time::sleep(every) => {
+                    for msg in msgs {
+                        if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                            debug!(error = %e, "in-progress ack failed");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes the message to the dead-letter subject — original headers and payload, the
+    /// original id in `Idemhost-Message-Id` (what a replay is processed under), plus the
+    /// reason — and, once JetStream stored it, terminates the delivery. If the publish fails
+    /// the delivery is nak'ed instead, so nothing is lost.
+    ///
+    /// The dead letter's broker-level `Nats-Msg-Id` is `<consumer>/<id>/<stream seq>` (or
+    /// `<consumer>/seq-<n>` without a valid id): a stream that already saw the original id (the
+    /// same stream, or one shared by several consumers' dead letters) would otherwise drop it
+    /// as a duplicate, and a replayed copy (a new stream sequence) that fails again must not
+    /// be taken for the first dead letter; a second dead-lettering of the same stored message
+    /// is still absorbed.
+    pub(super) async fn dead_letter(
+        &self,
+        msg: &jetstream::Message,
+        id: Option<&str>,
+        stream_seq: u64,
+        reason: &str,
+        attempt: u32,
+    ) {
+        let letter = DeadLetter {
+            headers: msg.message.headers.clone().unwrap_or_default(),
+            id,
+            stream_seq,
+            reason,
+            attempt,
+            subject: msg.message.subject.as_str(),
+            payload: msg.message.payload.clone(),
+        };
+        match self.publish_dead_letter(letter).await {
+            Ok(()) => {
+                self.metrics.dead_lettered();
+                if let Err(e) = self.confirmed(msg, AckKind::Term).await {
+                    warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "dead-letter publish failed; nak instead");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt))))
+                    .await;
+            }
+        }
+    }
+
+    /// Publishes a dead letter and waits until JetStream stored it.
+    pub(super) async fn publish_dead_letter(
+        &self,
+        letter: DeadLetter<'_>,
+    ) -> Result<(), async_nats::Error> {
+        let DeadLetter {
+            mut headers,
+            id,
+            stream_seq,
+            reason,
+            attempt,
+            subject: original_subject,
+            payload,
+        } = letter;
+        let broker_id = match id {
+            Some(id) => {
+                headers.insert(REPLAY_ID_HEADER, id);
+                format!("{}/{id}/{stream_seq}", self.config.name)
+            }
+            None => format!("{}/seq-{stream_seq}", self.config.name),
+        };
+        headers.insert("Nats-Msg-Id", broker_id.as_str());
+        headers.insert(FAILURE_REASON_HEADER, header_safe(reason).as_str());
+        headers.insert(FAILED_CONSUMER_HEADER, self.config.name.as_str());
+        headers.insert(ORIGINAL_SUBJECT_HEADER, original_subject);
+        headers.insert(DELIVERY_ATTEMPT_HEADER, attempt.to_string().as_str());
+        let subject = self.config.dead_letter_subject();
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await?
+            .await?;
+        if ack.duplicate {
+            info!(dead_letter_subject = %subject, "already dead-lettered");
+        } else {
+            info!(dead_letter_subject = %subject, "dead-lettered");
+        }
+        Ok(())
+    }
+}
+
+/// A delivery as read by `prepare`.
+struct Prepared {
+    attempt: u32,
+    stream_seq: u64,
+    stored_ns: Option<i128>,
+    span: tracing::Span,
+    /// The message for the handler, or (its id if valid, why it is refused).
+    checked: Result<Message, (Option<String>, String)>,
+}
+
+/// A processed delivery about to be settled with the broker.
+struct Settled<'a> {
+    msg: &'a jetstream::Message,
+    message: &'a Message,
+    attempt: u32,
+    stream_seq: u64,
+    stored_ns: Option<i128>,
+}
+
+/// A message on its way to the dead-letter subject: its original headers (to which the reason,
+/// consumer, original subject and attempt are added), id and stream sequence (which make its
+/// broker-level id) and payload.
+pub(super) struct DeadLetter<'a> {
+    pub(super) headers: async_nats::HeaderMap,
+    pub(super) id: Option<&'a str>,
+    pub(super) stream_seq: u64,
+    pub(super) reason: &'a str,
+    pub(super) attempt: u32,
+    pub(super) subject: &'a str,
+    pub(super) payload: bytes::Bytes,
+}
