@@ -1,0 +1,180 @@
+//! Group commit (`batch_max`): one transaction for several deliveries, each behind its own
+//! SAVEPOINT. A failing message rolls back only its own marker and effect; a duplicate id inside
+//! one batch applies once; through NATS every message is applied once or dead-lettered, and
+//! nothing is acked before its batch committed. (`seed_batch.rs` runs the seed's tests in this
+//! mode; `crash.rs` kills the host inside a batch.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use idemhost::{ClaimSettings, Claimer, Host, Isolation, Outcome};
+use rand::seq::SliceRandom;
+
+const CONSUMER: &str = "testkit-v1";
+
+fn reserve(n: i64) -> String {
+    format!(
+        r#"{{"steps":[{{"execute":"UPDATE inventory SET reserved = reserved + {n} WHERE sku = 'sku-1'"}}]}}"#
+    )
+}
+
+/// Each script first reserves, then misbehaves (or not). Only the well-behaved parts commit.
+#[tokio::test]
+async fn a_failure_in_a_batch_rolls_back_only_its_own_part() {
+    let env = TestEnv::new("batch_parts").await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let plugin = load_plugin("testkit", Duration::from_millis(500));
+    let c = Claimer::new(
+        env.pool.clone(),
+        ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
+    );
+    let then = |n: i64, tail: &str| {
+        format!(
+            r#"{{"keep_going":true,"steps":[{{"execute":"UPDATE inventory SET reserved = reserved + {n} WHERE sku = 'sku-1'"}},{tail}]}}"#
+        )
+    };
+    let batch = vec![
+        message("ok-1", &reserve(1)),
+        message(
+            "terminal",
+            &then(10, r#"{"fail":"terminal","reason":"no such order"}"#),
+        ),
+        message("ok-1", &reserve(1)),
+        message("trap", &then(100, r#""trap""#)),
+        message("swallowed", &then(1000, r#"{"query":"SELECT 1 / 0"}"#)),
+        message("loop", &then(10_000, r#""loop""#)),
+        message("ok-2", &reserve(2)),
+    ];
+    let results = c.process_batch(plugin.as_ref(), &batch).await;
+    let outcomes: Vec<&str> = results.iter().map(|p| p.outcome.label()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            "applied",
+            "terminal_failure",
+            "duplicate",
+            "retryable_failure",
+            "terminal_failure",
+            "retryable_failure",
+            "applied"
+        ],
+        "{results:?}"
+    );
+    assert!(
+        matches!(&results[3].outcome, Outcome::RetryableFailure(r) if r.contains("plugin trapped"))
+    );
+    assert!(
+        matches!(&results[4].outcome, Outcome::TerminalFailure(r) if r.contains("22012")),
+        "{:?}",
+        results[4]
+    );
+    assert!(
+        matches!(&results[5].outcome, Outcome::RetryableFailure(r) if r.contains("handler_timeout"))
+    );
+    assert!(
+        results.iter().all(|p| p.tx_attempts == 1),
+        "one transaction"
+    );
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT message_id FROM processed_message WHERE consumer_name = $1 ORDER BY message_id",
+    )
+    .bind(CONSUMER)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(ids, ["ok-1", "ok-2"]);
+    assert_eq!(
+        env.reserved("sku-1").await,
+        3,
+        "only ok-1 (once) and ok-2 reserved"
+    );
+
+    // A failed part is no false duplicate: the same id applies in a later batch.
+    let again = c
+        .process_batch(
+            plugin.as_ref(),
+            &[
+                message("terminal", &reserve(10)),
+                message("ok-2", &reserve(2)),
+            ],
+        )
+        .await;
+    let outcomes: Vec<&str> = again.iter().map(|p| p.outcome.label()).collect();
+    assert_eq!(outcomes, ["applied", "duplicate"]);
+    assert_eq!(env.reserved("sku-1").await, 13);
+    env.cleanup().await;
+}
+
+/// Through NATS with `batch_max = 25`: 2,000 orders with 20 % duplicate ids, shuffled, and 20
+/// that fail terminally. Every distinct id applies once, the failures are dead-lettered with
+/// their reason, everything is acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_through_nats_apply_once_and_dead_letter_failures() {
+    const DISTINCT: usize = 2_000;
+    let consumer = "inventory-reservation-v1";
+    let env = TestEnv::new("batch_e2e").await;
+    env.seed_inventory(&[("sku-1", 1_000_000)]).await;
+    let nats = NatsEnv::new("batch_e2e", Duration::from_secs(120)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        consumer,
+        "inventory",
+        "max_in_flight = 4\nbatch_max = 25\nbatch_linger = \"5ms\"",
+    )));
+    let mut messages = Vec::new();
+    for i in 0..DISTINCT {
+        let id = format!("evt-{i}");
+        let sku = if i % 100 == 7 { "sku-404" } else { "sku-1" };
+        let copies = if i % 5 == 0 { 2 } else { 1 };
+        for copy in 0..copies {
+            let mut h = async_nats::HeaderMap::new();
+            // A copy under another broker id: JetStream keeps it, the marker decides.
+            h.insert("Nats-Msg-Id", format!("{id}/{copy}").as_str());
+            h.insert("Idemhost-Message-Id", id.as_str());
+            messages.push((h, order_payload(&id, sku, 1)));
+        }
+    }
+    messages.shuffle(&mut rand::rng());
+    let published = messages.len();
+    nats.publish_many(messages).await;
+    let info = nats.wait_drained(consumer, Duration::from_secs(300)).await;
+    let failing = DISTINCT / 100;
+    assert!(
+        info.delivered.consumer_sequence as usize >= published,
+        "every published copy was delivered"
+    );
+    assert_eq!(
+        env.markers(consumer).await as usize,
+        DISTINCT - failing,
+        "every distinct good id once"
+    );
+    assert_eq!(
+        env.reserved("sku-1").await as usize,
+        DISTINCT - failing,
+        "one effect per marker"
+    );
+    let letters = nats.dead_letters().await;
+    let reasons: Vec<String> = letters
+        .iter()
+        .filter_map(|(h, _)| h.get("Idemhost-Failure-Reason"))
+        .map(|v| v.as_str().to_string())
+        .collect();
+    // Both copies of a failing id that was duplicated fail on their own.
+    let failing_copies = (0..DISTINCT)
+        .filter(|i| i % 100 == 7)
+        .map(|i| if i % 5 == 0 { 2 } else { 1 })
+        .sum::<usize>();
+    assert_eq!(reasons.len(), failing_copies, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .all(|r| r.contains("Unknown SKU or insufficient inventory")),
+        "{reasons:?}"
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
