@@ -40,6 +40,9 @@ pub enum Command {
         #[arg(long)]
         no_migrate: bool,
     },
+    /// Measure throughput and latency side by side with pgbench and the seed's Node consumer
+    /// (see the README's Benchmark section); prints a table, then one JSON line.
+    Bench(crate::bench::BenchOptions),
     /// Apply the host's migrations (the `processed_message` table) and exit.
     Migrate {
         #[arg(long, env = "IDEMHOST_CONFIG")]
@@ -130,6 +133,13 @@ async fn execute_command(cli: Cli) -> anyhow::Result<()> {
                     shutdown_signal(),
                 )
                 .await
+        }
+        Command::Bench(options) => {
+            // Per-delivery lines would cost more than the deliveries: warnings only.
+            init_tracing_at(cli.log_format, "warn");
+            let report = crate::bench::run(options).await?;
+            println!("{report}");
+            Ok(())
         }
         Command::Migrate { config } => {
             let config = Config::load(&config)?;
@@ -235,11 +245,16 @@ fn admin_base_url(config: &Config) -> anyhow::Result<String> {
 /// Logs to stderr; `RUST_LOG` filters (default `info`). Built with the `otlp` feature, spans
 /// are also exported when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 pub fn init_tracing(format: Option<LogFormat>) {
+    init_tracing_at(format, "info")
+}
+
+/// [`init_tracing`] with another default filter (`RUST_LOG` still wins).
+pub fn init_tracing_at(format: Option<LogFormat>, default_filter: &str) {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match format.unwrap_or(LogFormat::Text) {
         LogFormat::Json => fmt

@@ -29,6 +29,7 @@
 
 pub mod admin;
 pub mod baseline;
+pub mod bench;
 pub mod claim;
 pub mod cli;
 pub mod config;

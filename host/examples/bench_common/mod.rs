@@ -2,8 +2,6 @@
 //! OrderPlaced events, a one-consumer config, and the process's CPU time and peak RSS.
 #![allow(dead_code)]
 
-use std::time::Duration;
-
 use async_nats::jetstream::{self, stream};
 use idemhost::Config;
 use sqlx::PgPool;
@@ -14,30 +12,8 @@ pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 pub const SCHEMA: &str = "bench_throughput";
 pub const CONSUMER: &str = "inventory-reservation-v1";
 
-/// utime + stime of this process.
-pub fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Duration::from_millis(ticks * 1000 / 100)
-}
-
-pub fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
+#[allow(unused_imports)]
+pub use idemhost::bench::{cpu_time, peak_rss_mib};
 
 pub async fn reset_schema() -> PgPool {
     let admin = PgPoolOptions::new()

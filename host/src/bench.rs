@@ -1,0 +1,707 @@
+//! `idemhost bench`: the host's throughput and latency side by side with its peers, in one run
+//! on one machine. For each concurrency it drains N OrderPlaced events (a share of them
+//! duplicate ids) with the WASM inventory plugin, the native handler, and the plugin in group
+//! commit; runs the seed's transaction through pgbench at the same client count and, when Node
+//! and the seed's consumer are present, that consumer too. Every host run is verified by SQL
+//! (markers == distinct ids, reserved sum == distinct ids): a fast wrong answer is an error.
+//! Then a paced run at half the peak rate measures end-to-end latency (publish → ack observed
+//! on the wire), and a run with 8 consumers configured measures memory.
+//!
+//! Everything runs in its own database (`idemhost_bench` by default, created if missing): its
+//! `processed_message` and `inventory` tables are reset before every run.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use async_nats::jetstream::{self, stream};
+use futures::StreamExt;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+use crate::baseline::NativeInventory;
+use crate::config::Config;
+use crate::host::{Host, RunOptions};
+
+mod peers;
+
+const CONSUMER: &str = "inventory-reservation-v1";
+const STREAM: &str = "IDEMHOST_BENCH";
+const SUBJECT: &str = "idemhost_bench.orders";
+const SKUS: usize = 1000;
+
+/// What `idemhost bench` runs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchOptions {
+    /// PostgreSQL server; the bench uses (and creates) database `--database` on it.
+    #[arg(long, default_value = "postgres://root@127.0.0.1:5432/postgres")]
+    pub pg_url: String,
+    #[arg(long, default_value = "idemhost_bench")]
+    pub database: String,
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Events per run.
+    #[arg(long, default_value_t = 20_000)]
+    pub n: usize,
+    /// Share of the N events that repeat an earlier id (published under a fresh broker id).
+    #[arg(long, default_value_t = 0.0)]
+    pub duplicates: f64,
+    /// `max_in_flight` values (and pgbench / Node client counts).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub concurrency: Vec<u32>,
+    /// The inventory component.
+    #[arg(long, default_value = "plugins/dist/inventory.wasm")]
+    pub plugin: PathBuf,
+    /// `batch_max` of the group-commit runs (0: skip them).
+    #[arg(long, default_value_t = 50)]
+    pub batch_max: u32,
+    /// Seconds of each pgbench run (0: skip pgbench).
+    #[arg(long, default_value_t = 10)]
+    pub pgbench_seconds: u32,
+    /// The seed's Node consumer (`consumer.mjs`); skipped when absent or without `node`.
+    #[arg(long, default_value = "../shared/peers/node-seed")]
+    pub node_seed: PathBuf,
+    /// Seconds of the paced latency run (0: skip it).
+    #[arg(long, default_value_t = 5)]
+    pub latency_seconds: u32,
+    /// Correctness only: small N, one concurrency, a short pgbench, no Node (what `.ci/run`
+    /// runs).
+    #[arg(long)]
+    pub smoke: bool,
+}
+
+/// One drain run of the host.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostRun {
+    pub mode: String,
+    pub concurrency: u32,
+    pub n: usize,
+    pub distinct: usize,
+    pub per_second: f64,
+    pub cpu_us_per_msg: f64,
+}
+
+/// Runs the whole bench; prints a table and returns the final JSON report.
+pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
+    if o.smoke {
+        o.n = o.n.min(600);
+        o.concurrency = vec![4];
+        o.pgbench_seconds = o.pgbench_seconds.min(1);
+        o.latency_seconds = o.latency_seconds.min(1);
+        o.batch_max = o.batch_max.clamp(2, 20);
+    }
+    if !o.plugin.exists() {
+        bail!(
+            "plugin {} not found (build it with scripts/build-plugins.sh)",
+            o.plugin.display()
+        );
+    }
+    let db_url = database_url(&o).await?;
+    let client = async_nats::connect(&o.nats_url)
+        .await
+        .with_context(|| format!("cannot connect to NATS at {}", o.nats_url))?;
+    let js = jetstream::new(client.clone());
+    let node = if o.smoke {
+        None
+    } else {
+        peers::Node::find(&o.node_seed).await
+    };
+    let mut runs = Vec::new();
+    let mut pgbench = HashMap::new();
+    let mut node_rates = HashMap::new();
+    for &c in &o.concurrency {
+        for mode in ["wasm", "native", "batch"] {
+            if mode == "batch" && o.batch_max < 2 {
+                continue;
+            }
+            let run = drain(&o, &db_url, &js, mode, c).await?;
+            println!(
+                "{:<7} c={c:<3} {:>8.0} msg/s  cpu {:>5.0} µs/msg  ({} events, {} distinct: markers and effects verified)",
+                run.mode, run.per_second, run.cpu_us_per_msg, run.n, run.distinct
+            );
+            runs.push(run);
+        }
+        if o.pgbench_seconds > 0 {
+            reset(&db_url).await?;
+            match peers::pgbench(&db_url, c, o.pgbench_seconds).await {
+                Ok(tps) => {
+                    println!("pgbench c={c:<3} {tps:>8.0} tps (seed transaction)");
+                    pgbench.insert(c, tps);
+                }
+                Err(e) => println!("pgbench c={c}: skipped ({e:#})"),
+            }
+        }
+        if let Some(node) = &node {
+            reset(&db_url).await?;
+            publish(&js, o.n, 0.0, "idemhost_bench_node", "IDEMHOST_BENCH_NODE").await?;
+            match node.run(&db_url, c, o.n).await {
+                Ok(rate) => {
+                    verify(&db_url, o.n).await.context("node peer")?;
+                    println!("node    c={c:<3} {rate:>8.0} msg/s (the seed's consumer.mjs)");
+                    node_rates.insert(c, rate);
+                }
+                Err(e) => println!("node c={c}: skipped ({e:#})"),
+            }
+        }
+    }
+    let peak = runs
+        .iter()
+        .filter(|r| r.mode == "wasm")
+        .map(|r| r.per_second)
+        .fold(0.0, f64::max);
+    let top = o.concurrency.iter().copied().max().unwrap_or(16);
+    let latency = if o.latency_seconds > 0 && peak > 0.0 {
+        Some(paced_latency(&o, &db_url, &client, &js, top, peak / 2.0).await?)
+    } else {
+        None
+    };
+    let rss = eight_consumers(&o, &db_url, &js).await?;
+    let _ = js.delete_stream(STREAM).await;
+    let _ = js.delete_stream("IDEMHOST_BENCH_DLQ").await;
+    let _ = js.delete_stream("IDEMHOST_BENCH_NODE").await;
+    Ok(report(&o, &runs, &pgbench, &node_rates, latency, rss))
+}
+
+/// The report: a table on stdout, and the JSON value (printed last by the CLI).
+fn report(
+    o: &BenchOptions,
+    runs: &[HostRun],
+    pgbench: &HashMap<u32, f64>,
+    node: &HashMap<u32, f64>,
+    latency: Option<serde_json::Value>,
+    rss: serde_json::Value,
+) -> serde_json::Value {
+    let rate = |mode: &str, c: u32| {
+        runs.iter()
+            .find(|r| r.mode == mode && r.concurrency == c)
+            .map(|r| r.per_second)
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let fmt = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |v| format!("{v:.d$}"));
+    let best_pgbench = pgbench
+        .values()
+        .copied()
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    println!();
+    println!(
+        "| c | wasm msg/s | native msg/s | batch({}) msg/s | pgbench tps | node msg/s | wasm/pgbench | wasm/node | wasm/native | batch/best pgbench |",
+        o.batch_max
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for &c in &o.concurrency {
+        let (w, n, b) = (rate("wasm", c), rate("native", c), rate("batch", c));
+        let (p, nd) = (pgbench.get(&c).copied(), node.get(&c).copied());
+        println!(
+            "| {c} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            fmt(w, 0),
+            fmt(n, 0),
+            fmt(b, 0),
+            fmt(p, 0),
+            fmt(nd, 0),
+            fmt(ratio(w, p), 2),
+            fmt(ratio(w, nd), 2),
+            fmt(ratio(w, n), 2),
+            fmt(ratio(b, best_pgbench), 2),
+        );
+        rows.push(serde_json::json!({
+            "concurrency": c, "wasm": w, "native": n, "batch": b, "pgbench": p, "node": nd,
+            "host_over_pgbench": ratio(w, p), "host_over_node": ratio(w, nd),
+            "wasm_over_native": ratio(w, n), "batch_over_best_pgbench": ratio(b, best_pgbench),
+        }));
+    }
+    serde_json::json!({
+        "n": o.n, "duplicates": o.duplicates, "batch_max": o.batch_max,
+        "runs": runs, "rows": rows, "latency": latency, "memory": rss,
+        "peak_rss_mib": peak_rss_mib(),
+    })
+}
+
+/// Creates the bench database if missing; its URL.
+async fn database_url(o: &BenchOptions) -> anyhow::Result<String> {
+    let mut url = url::Url::parse(&o.pg_url).context("--pg-url is not a URL")?;
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&o.pg_url)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", o.pg_url))?;
+    if !o
+        .database
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        bail!("--database must be a plain identifier");
+    }
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&o.database)
+            .fetch_one(&admin)
+            .await?;
+    if !exists {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE {}",
+            o.database
+        )))
+        .execute(&admin)
+        .await
+        .context("cannot create the bench database")?;
+    }
+    admin.close().await;
+    url.set_path(&o.database);
+    Ok(url.to_string())
+}
+
+/// Recreates the seed's two tables (the host's migrations, the example's inventory with 1,000
+/// SKUs), as the peers' reset does.
+async fn reset(db_url: &str) -> anyhow::Result<()> {
+    let pool = connect(db_url, 2).await?;
+    // The bench database is the bench's own: its schema is dropped whole (tables, the outbox
+    // trigger function, the migration history).
+    sqlx::raw_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        .execute(&pool)
+        .await?;
+    crate::pg::migrate(&pool, None).await?;
+    sqlx::raw_sql(include_str!(
+        "../../examples/order-flow/migrations/0001_inventory.sql"
+    ))
+    .execute(&pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(1, 1000) g",
+    )
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    Ok(())
+}
+
+async fn connect(db_url: &str, max: u32) -> anyhow::Result<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .connect(db_url)
+        .await?)
+}
+
+/// Checks a finished run by SQL: one marker and one unit reserved per distinct id.
+async fn verify(db_url: &str, distinct: usize) -> anyhow::Result<()> {
+    let pool = connect(db_url, 1).await?;
+    let markers: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_message")
+        .fetch_one(&pool)
+        .await?;
+    let reserved: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(reserved), 0)::bigint FROM inventory")
+            .fetch_one(&pool)
+            .await?;
+    pool.close().await;
+    if markers as usize != distinct || reserved as usize != distinct {
+        bail!(
+            "wrong result: {markers} markers and {reserved} reserved for {distinct} distinct ids"
+        );
+    }
+    Ok(())
+}
+
+/// Publishes `n` OrderPlaced to a fresh `stream` on `subject.*`-free `subject`; a `duplicates`
+/// share repeats earlier ids under fresh broker ids. Returns the number of distinct ids.
+async fn publish(
+    js: &jetstream::Context,
+    n: usize,
+    duplicates: f64,
+    subject: &str,
+    stream_name: &str,
+) -> anyhow::Result<usize> {
+    let _ = js.delete_stream(stream_name).await;
+    js.create_stream(stream::Config {
+        name: stream_name.into(),
+        subjects: vec![format!("{subject}.>"), subject.into()],
+        ..Default::default()
+    })
+    .await?;
+    let repeats = ((n as f64) * duplicates.clamp(0.0, 0.9)) as usize;
+    let distinct = n - repeats;
+    let events = (0..n).map(|i| {
+        // Repeats are spread evenly among the first distinct ids, under fresh broker ids.
+        let k = if i < distinct {
+            i
+        } else {
+            (i - distinct) * distinct / repeats.max(1)
+        };
+        let (mut headers, payload) = order(k);
+        headers.insert("Nats-Msg-Id", format!("evt-{k}/{i}").as_str());
+        headers.insert(crate::source::REPLAY_ID_HEADER, format!("evt-{k}").as_str());
+        (subject.to_string(), headers, payload)
+    });
+    publish_pipelined(js, events).await?;
+    Ok(distinct)
+}
+
+/// OrderPlaced number `k` (id `evt-<k>`, one unit of one of the 1,000 SKUs) with its id header.
+fn order(k: usize) -> (async_nats::HeaderMap, String) {
+    let id = format!("evt-{k}");
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id.as_str());
+    let payload = format!(
+        r#"{{"id":"{id}","orderId":"order-{k}","sku":"sku-{}","quantity":1}}"#,
+        1 + k % SKUS
+    );
+    (headers, payload)
+}
+
+/// Publishes (subject, headers, payload) triples, up to 512 awaiting the stream's ack at once.
+pub async fn publish_pipelined(
+    js: &jetstream::Context,
+    events: impl IntoIterator<Item = (String, async_nats::HeaderMap, String)>,
+) -> anyhow::Result<()> {
+    let mut acks = Vec::new();
+    for (subject, headers, payload) in events {
+        acks.push(
+            js.publish_with_headers(subject, headers, payload.into_bytes().into())
+                .await?,
+        );
+        if acks.len() >= 512 {
+            for a in acks.drain(..) {
+                a.await?;
+            }
+        }
+    }
+    for a in acks {
+        a.await?;
+    }
+    Ok(())
+}
+
+/// The bench's host config: `consumers` consumers of the bench stream (the k-th filters
+/// `<SUBJECT>.<k>` when there are several), with `extra` consumer keys.
+fn host_config(
+    db_url: &str,
+    o: &BenchOptions,
+    consumers: usize,
+    extra: &str,
+) -> anyhow::Result<Config> {
+    let mut text = format!(
+        "[nats]\nurl = \"{}\"\n[postgres]\nurl = \"{db_url}\"\nmax_connections = {}\n\
+         [metrics]\nconsumer_interval = \"0s\"\nmarker_interval = \"0s\"\n[plugins]\nwatch = false\n",
+        o.nats_url,
+        o.concurrency.iter().max().copied().unwrap_or(16).max(4) * consumers as u32 + 4,
+    );
+    for k in 0..consumers {
+        let (name, subject) = if consumers == 1 {
+            (CONSUMER.to_string(), SUBJECT.to_string())
+        } else {
+            (format!("{CONSUMER}-{k}"), format!("{SUBJECT}.{k}"))
+        };
+        text.push_str(&format!(
+            "[[consumer]]\nname = \"{name}\"\nstream = \"{STREAM}\"\nsubjects = [\"{subject}\"]\n\
+             plugin = \"{}\"\ndead_letter_subject = \"idemhost_bench_dlq.{k}\"\n{extra}\n",
+            o.plugin.display()
+        ));
+    }
+    Ok(Config::from_toml(
+        &text,
+        std::iter::empty(),
+        "bench.toml".as_ref(),
+        ".".as_ref(),
+    )?)
+}
+
+/// A host running in this process until the returned sender fires.
+fn start_host(
+    host: Host,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(host.run(RunOptions { migrate: false }, async move {
+        let _ = stopped.await;
+    }));
+    (stop, task)
+}
+
+/// Publishes N events, starts the host and times from its first ack until all are acked.
+async fn drain(
+    o: &BenchOptions,
+    db_url: &str,
+    js: &jetstream::Context,
+    mode: &str,
+    c: u32,
+) -> anyhow::Result<HostRun> {
+    reset(db_url).await?;
+    dead_letter_stream(js).await?;
+    let distinct = publish(js, o.n, o.duplicates, SUBJECT, STREAM).await?;
+    let extra = match mode {
+        "batch" => format!("max_in_flight = {c}\nbatch_max = {}\n", o.batch_max),
+        _ => format!("max_in_flight = {c}\n"),
+    };
+    let mut host = Host::new(host_config(db_url, o, 1, &extra)?);
+    if mode == "native" {
+        host = host.with_handler(CONSUMER, Arc::new(NativeInventory));
+    }
+    let cpu0 = cpu_time();
+    let (stop, task) = start_host(host);
+    let stream = js.get_stream(STREAM).await?;
+    let started = Instant::now();
+    // The clock starts at the first ack (compiling the plugin and binding are start-up, not
+    // throughput) and counts the deliveries acked after it.
+    let mut first: Option<(Instant, u64)> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if task.is_finished() {
+            return Err(task
+                .await?
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("host stopped")));
+        }
+        let Ok(info) = stream.consumer_info(CONSUMER).await else {
+            continue;
+        };
+        let acked = info.ack_floor.consumer_sequence;
+        if first.is_none() && acked > 0 {
+            first = Some((Instant::now(), acked));
+        }
+        if info.num_pending == 0 && info.num_ack_pending == 0 && acked as usize >= o.n {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(900) {
+            bail!("{mode} at {c}: not drained in 15 minutes");
+        }
+    }
+    let (t0, acked0) = first.unwrap_or((started, 0));
+    let seconds = t0.elapsed().as_secs_f64().max(1e-6);
+    let cpu = (cpu_time() - cpu0).as_secs_f64();
+    let _ = stop.send(());
+    task.await??;
+    verify(db_url, distinct)
+        .await
+        .with_context(|| format!("{mode} at {c}"))?;
+    Ok(HostRun {
+        mode: mode.into(),
+        concurrency: c,
+        n: o.n,
+        distinct,
+        per_second: (o.n as u64 - acked0) as f64 / seconds,
+        cpu_us_per_msg: cpu / o.n as f64 * 1e6,
+    })
+}
+
+/// The stream capturing the consumers' dead letters (none are expected).
+async fn dead_letter_stream(js: &jetstream::Context) -> anyhow::Result<()> {
+    let _ = js.delete_stream("IDEMHOST_BENCH_DLQ").await;
+    js.create_stream(stream::Config {
+        name: "IDEMHOST_BENCH_DLQ".into(),
+        subjects: vec!["idemhost_bench_dlq.>".into()],
+        ..Default::default()
+    })
+    .await?;
+    Ok(())
+}
+
+/// Publishes at `rate` per second for `latency_seconds` while the host (WASM, `c` in flight)
+/// consumes, and measures each message from just before its publish to its ack seen on the
+/// wire (`$JS.ACK.<stream>.<consumer>...`, the host's double-ack request).
+async fn paced_latency(
+    o: &BenchOptions,
+    db_url: &str,
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    c: u32,
+    rate: f64,
+) -> anyhow::Result<serde_json::Value> {
+    reset(db_url).await?;
+    dead_letter_stream(js).await?;
+    publish(js, 0, 0.0, SUBJECT, STREAM).await?;
+    let total = ((rate * f64::from(o.latency_seconds)) as usize).max(10);
+    let acks: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    let mut sub = client
+        .subscribe(format!("$JS.ACK.{STREAM}.{CONSUMER}.>"))
+        .await?;
+    let seen = acks.clone();
+    let observer = tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            let at = Instant::now();
+            let body = m.payload.as_ref();
+            if !(body.is_empty() || body.starts_with(b"+ACK")) {
+                continue;
+            }
+            let tokens: Vec<&str> = m.subject.split('.').collect();
+            // v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...; v2 adds domain and account.
+            let seq = if tokens.len() >= 12 {
+                tokens.get(7)
+            } else {
+                tokens.get(5)
+            };
+            if let Some(seq) = seq.and_then(|s| s.parse::<u64>().ok())
+                && let Ok(mut acks) = seen.lock()
+            {
+                acks.entry(seq).or_insert(at);
+            }
+        }
+    });
+    let (stop, task) = start_host(Host::new(host_config(
+        db_url,
+        o,
+        1,
+        &format!("max_in_flight = {c}\n"),
+    )?));
+    // Let the host bind its consumer before the clock starts.
+    let stream = js.get_stream(STREAM).await?;
+    let bound = Instant::now();
+    while stream.consumer_info(CONSUMER).await.is_err() {
+        if bound.elapsed() > Duration::from_secs(60) {
+            bail!("the host did not bind its consumer");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    let start = tokio::time::Instant::now();
+    let mut pending = Vec::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        let (headers, payload) = order(i);
+        let at = Instant::now();
+        let ack = js
+            .publish_with_headers(SUBJECT, headers, payload.into_bytes().into())
+            .await?;
+        let sent = sent.clone();
+        pending.push(tokio::spawn(async move {
+            if let Ok(a) = ack.await
+                && let Ok(mut s) = sent.lock()
+            {
+                s.insert(a.sequence, at);
+            }
+        }));
+    }
+    for p in pending {
+        let _ = p.await;
+    }
+    let waited = Instant::now();
+    loop {
+        let done = acks.lock().map(|a| a.len()).unwrap_or(0);
+        if done >= total || waited.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(());
+    task.await??;
+    observer.abort();
+    verify(db_url, total).await.context("latency run")?;
+    let sent = sent.lock().map(|s| s.clone()).unwrap_or_default();
+    let acks = acks.lock().map(|a| a.clone()).unwrap_or_default();
+    let mut ms: Vec<f64> = sent
+        .iter()
+        .filter_map(|(seq, t0)| {
+            acks.get(seq)
+                .map(|t1| t1.duration_since(*t0).as_secs_f64() * 1e3)
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    if ms.len() < total {
+        bail!("latency run: {} of {total} acks observed", ms.len());
+    }
+    let q = |p: f64| ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)];
+    println!(
+        "latency at {rate:.0} msg/s (half the WASM peak), c={c}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {total} messages",
+        q(0.5),
+        q(0.99),
+        ms[ms.len() - 1]
+    );
+    Ok(
+        serde_json::json!({"rate": rate, "concurrency": c, "messages": total,
+        "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": ms[ms.len() - 1]}),
+    )
+}
+
+/// Eight consumers configured (one plugin each, 4 in flight), N events spread over them:
+/// the process's resident memory before and after.
+async fn eight_consumers(
+    o: &BenchOptions,
+    db_url: &str,
+    js: &jetstream::Context,
+) -> anyhow::Result<serde_json::Value> {
+    reset(db_url).await?;
+    dead_letter_stream(js).await?;
+    let _ = js.delete_stream(STREAM).await;
+    js.create_stream(stream::Config {
+        name: STREAM.into(),
+        subjects: vec![format!("{SUBJECT}.>")],
+        ..Default::default()
+    })
+    .await?;
+    let before = rss_mib();
+    let (stop, task) = start_host(Host::new(host_config(db_url, o, 8, "max_in_flight = 4\n")?));
+    let per = (o.n / 8).max(1);
+    let events = (0..per * 8).map(|i| {
+        let (headers, payload) = order(i);
+        (format!("{SUBJECT}.{}", i % 8), headers, payload)
+    });
+    publish_pipelined(js, events).await?;
+    let stream = js.get_stream(STREAM).await?;
+    let started = Instant::now();
+    let mut during: f64 = 0.0;
+    'wait: loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        during = during.max(rss_mib());
+        if started.elapsed() > Duration::from_secs(900) {
+            bail!("8 consumers: not drained in 15 minutes");
+        }
+        for k in 0..8 {
+            match stream.consumer_info(format!("{CONSUMER}-{k}")).await {
+                Ok(i)
+                    if i.num_pending == 0
+                        && i.num_ack_pending == 0
+                        && i.ack_floor.consumer_sequence as usize >= per => {}
+                _ => continue 'wait,
+            }
+        }
+        break;
+    }
+    let _ = stop.send(());
+    task.await??;
+    verify(db_url, per * 8).await.context("8 consumers")?;
+    println!(
+        "8 consumers: process RSS {before:.0} MiB before the host, {during:.0} MiB at most while they drained {} events",
+        per * 8
+    );
+    Ok(
+        serde_json::json!({"consumers": 8, "rss_before_mib": before, "rss_max_mib": during, "events": per * 8}),
+    )
+}
+
+/// utime + stime of this process.
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Duration::from_millis(ticks * 1000 / 100)
+}
+
+fn status_mib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn rss_mib() -> f64 {
+    status_mib("VmRSS:")
+}
+
+/// The process's peak resident memory (VmHWM).
+pub fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
