@@ -28,6 +28,10 @@ pub const CLAIM_SQL: &str = "INSERT INTO processed_message (consumer_name, messa
 pub const RECORD_HANDLER_SQL: &str = "INSERT INTO processed_message_handler \
                                       (consumer_name, message_id, plugin_digest) \
                                       VALUES ($1, $2, $3)";
+/// [`RECORD_HANDLER_SQL`] for the applied messages of a group-commit batch at once.
+pub const RECORD_HANDLERS_SQL: &str = "INSERT INTO processed_message_handler \
+                                       (consumer_name, message_id, plugin_digest) \
+                                       SELECT $1, unnest($2::text[]), $3";
 
 /// What became of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -429,20 +433,54 @@ impl Claimer {
         handler: &dyn Handler,
         msg: &Message,
     ) -> Result<(), AttemptFailure> {
+        self.reset_role(tx).await?;
+        self.record_handler(tx, handler, &[msg.id.as_str()]).await
+    }
+
+    /// Back to the host's role after the handler ran as `consumer.role`.
+    async fn reset_role(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<(), AttemptFailure> {
         if self.settings.role.is_some() {
             pg::set_role(tx, None)
                 .await
                 .map_err(|e| AttemptFailure::db("failed to reset the handler's role", &e))?;
         }
-        if let Some(digest) = handler.digest() {
-            sqlx::query(RECORD_HANDLER_SQL)
-                .bind(&self.settings.consumer_name)
-                .bind(&msg.id)
-                .bind(digest)
-                .execute(&mut **tx)
-                .await
-                .map_err(|e| AttemptFailure::db("failed to record the plugin version", &e))?;
-        }
         Ok(())
+    }
+
+    /// Records which plugin version applied `ids` (one statement for all of them).
+    async fn record_handler(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        handler: &dyn Handler,
+        ids: &[&str],
+    ) -> Result<(), AttemptFailure> {
+        let Some(digest) = handler.digest() else {
+            return Ok(());
+        };
+        let recorded = match ids {
+            [] => return Ok(()),
+            [id] => {
+                sqlx::query(RECORD_HANDLER_SQL)
+                    .bind(&self.settings.consumer_name)
+                    .bind(*id)
+                    .bind(digest)
+                    .execute(&mut **tx)
+                    .await
+            }
+            many => {
+                sqlx::query(RECORD_HANDLERS_SQL)
+                    .bind(&self.settings.consumer_name)
+                    .bind(many)
+                    .bind(digest)
+                    .execute(&mut **tx)
+                    .await
+            }
+        };
+        recorded
+            .map(|_| ())
+            .map_err(|e| AttemptFailure::db("failed to record the plugin version", &e))
     }
 }

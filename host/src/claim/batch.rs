@@ -93,6 +93,13 @@ impl Claimer {
             tx = back;
             parts.push(part);
         }
+        let applied: Vec<&str> = msgs
+            .iter()
+            .zip(&parts)
+            .filter(|(_, p)| p.outcome == Outcome::Applied)
+            .map(|(m, _)| m.id.as_str())
+            .collect();
+        self.record_handler(&mut tx, handler, &applied).await?;
         failpoint::hit("before_commit");
         tx.commit()
             .await
@@ -100,8 +107,11 @@ impl Claimer {
         Ok(parts)
     }
 
-    /// One message's part: SAVEPOINT, claim, handler; RELEASE on success, ROLLBACK TO on a
-    /// failure of this message alone. `Err` abandons the whole batch.
+    /// One message's part: SAVEPOINT, claim, handler; ROLLBACK TO on a failure of this message
+    /// alone. Savepoints are not released (each RELEASE would be one more round trip per
+    /// message); the next message's savepoint of the same name shadows this one, and the
+    /// plugins' versions are recorded for the whole batch before the COMMIT. `Err` abandons
+    /// the whole batch.
     async fn batch_part(
         &self,
         mut tx: Transaction<'static, Postgres>,
@@ -112,17 +122,13 @@ impl Claimer {
         savepoint(&mut tx, "SAVEPOINT idemhost_message").await?;
         let failure = match self.claim(&mut tx, msg, &mut timing).await {
             Err(e) => AttemptFailure::db("failed to claim marker", &e),
-            Ok(false) => {
-                savepoint(&mut tx, "RELEASE SAVEPOINT idemhost_message").await?;
-                return Ok((tx, Part::done(Outcome::Duplicate, timing)));
-            }
+            Ok(false) => return Ok((tx, Part::done(Outcome::Duplicate, timing))),
             Ok(true) => {
                 let (back, failure) = self.lend(tx, handler, msg, &mut timing).await?;
                 tx = back;
                 match failure {
                     None => {
-                        self.after_handler(&mut tx, handler, msg).await?;
-                        savepoint(&mut tx, "RELEASE SAVEPOINT idemhost_message").await?;
+                        self.reset_role(&mut tx).await?;
                         return Ok((tx, Part::done(Outcome::Applied, timing)));
                     }
                     Some(f) => f,
@@ -134,7 +140,6 @@ impl Claimer {
             return Err(failure);
         }
         savepoint(&mut tx, "ROLLBACK TO SAVEPOINT idemhost_message").await?;
-        savepoint(&mut tx, "RELEASE SAVEPOINT idemhost_message").await?;
         let outcome = match failure.kind {
             FailureKind::Terminal => Outcome::TerminalFailure(failure.reason),
             _ => Outcome::RetryableFailure(failure.reason),

@@ -129,8 +129,10 @@ impl Config {
             if c.max_in_flight == 0 || c.max_in_flight > 4096 {
                 return bad(key("max_in_flight"), "must be between 1 and 4096");
             }
-            if c.batch_max == 0 || c.batch_max > 1000 {
-                return bad(key("batch_max"), "must be between 1 and 1000");
+            // Each message of a batch is a subtransaction; past 64 PostgreSQL's per-backend
+            // subtransaction cache overflows and every session's snapshots get slower.
+            if c.batch_max == 0 || c.batch_max > 64 {
+                return bad(key("batch_max"), "must be between 1 and 64");
             }
             if c.batch_max > 1 && c.ordering.is_some() {
                 return bad(
