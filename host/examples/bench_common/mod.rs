@@ -97,6 +97,11 @@ pub fn config(in_flight: u32, plugin: Option<String>, top: &str) -> Config {
     let plugin = plugin
         .map(|p| format!("plugin = \"{p}\"\n"))
         .unwrap_or_default();
+    // `KEEP_RESIDENT=16MiB` compares the instance pool's reset budget (`plugins.keep_resident`).
+    let top = match std::env::var("KEEP_RESIDENT") {
+        Ok(size) => format!("{top}\n[plugins]\nkeep_resident = \"{size}\"\n"),
+        Err(_) => top.to_string(),
+    };
     let text = format!(
         "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
          [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\n{plugin}\
