@@ -342,8 +342,8 @@ impl ConsumerRuntime {
                             }
                             None => {
                                 tasks.spawn(async move {
-                                    if let Ok(_slot) = slots.acquire_owned().await {
-                                        this.settle(msg).await;
+                                    if let Ok(slot) = slots.acquire_owned().await {
+                                        this.settle(msg, slot).await;
                                     }
                                     drop(credit);
                                 });
@@ -391,8 +391,8 @@ impl ConsumerRuntime {
     ) {
         let mut next = Some(first);
         while let Some((msg, credit)) = next {
-            if let Ok(_slot) = slots.clone().acquire_owned().await {
-                self.settle(msg).await;
+            if let Ok(slot) = slots.clone().acquire_owned().await {
+                self.settle(msg, slot).await;
             }
             drop(credit);
             next = self.keyed.next(&key);

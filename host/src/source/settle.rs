@@ -26,7 +26,7 @@ impl ConsumerRuntime {
         slots: Arc<Semaphore>,
         group: Vec<(jetstream::Message, OwnedSemaphorePermit)>,
     ) {
-        let Ok(_slot) = slots.acquire_owned().await else {
+        let Ok(slot) = slots.acquire_owned().await else {
             return;
         };
         let (pulled, _credits): (Vec<_>, Vec<_>) = group.into_iter().unzip();
@@ -61,6 +61,8 @@ impl ConsumerRuntime {
                     .process_batch(active.handler.as_ref(), &messages),
             )
             .await;
+        // The transaction is over: the next batch may start while these are acked.
+        drop(slot);
         let size = messages.len();
         let this = &*self;
         let settled = ready.iter().zip(&messages).zip(&results).map(
@@ -87,7 +89,9 @@ impl ConsumerRuntime {
     }
 
     /// Handles one delivery start to finish and settles it with the broker.
-    pub(super) async fn settle(&self, msg: jetstream::Message) {
+    /// `slot` (one of `max_in_flight`) is given back once the transaction is over, before the
+    /// broker is told: the next delivery's transaction overlaps this one's ack round trip.
+    pub(super) async fn settle(&self, msg: jetstream::Message, slot: OwnedSemaphorePermit) {
         let prepared = self.prepare(&msg);
         let span = prepared.span.clone();
         async {
@@ -115,6 +119,7 @@ impl ConsumerRuntime {
                         self.metrics.started(attempt);
                     }
                     _ => {
+                        drop(slot);
                         let delivery = Settled { msg: &msg, message: &message, attempt, stream_seq: prepared.stream_seq, stored_ns: prepared.stored_ns };
                         return self.conclude(delivery, &processed).await;
                     }
