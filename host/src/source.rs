@@ -39,6 +39,13 @@ pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
 pub const ORIGINAL_SUBJECT_HEADER: &str = "Idemhost-Original-Subject";
 pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
 
+/// Group commit: deliveries gathered for the next batch, and when it must start.
+#[derive(Default)]
+struct Gathering {
+    group: Vec<(jetstream::Message, OwnedSemaphorePermit)>,
+    until: Option<tokio::time::Instant>,
+}
+
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
@@ -253,9 +260,7 @@ impl ConsumerRuntime {
         let credits = Arc::new(Semaphore::new(
             self.config.max_in_flight as usize * 2 * batch_max,
         ));
-        // Group commit: deliveries gathered for the next batch, and when it must start.
-        let mut group: Vec<(jetstream::Message, OwnedSemaphorePermit)> = Vec::new();
-        let mut linger_until: Option<tokio::time::Instant> = None;
+        let mut gathering = Gathering::default();
         let mut tasks = JoinSet::new();
         let mut backoff = Duration::from_millis(100);
         let watcher = {
@@ -298,13 +303,14 @@ impl ConsumerRuntime {
             backoff = Duration::from_millis(100);
             loop {
                 let linger = tokio::time::sleep_until(
-                    linger_until.unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
+                    gathering
+                        .until
+                        .unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
                 );
                 let next = tokio::select! {
                     n = batch.next() => n,
-                    _ = linger, if linger_until.is_some() => {
-                        linger_until = None;
-                        tasks.spawn(self.clone().settle_batch(slots.clone(), std::mem::take(&mut group)));
+                    _ = linger, if gathering.until.is_some() => {
+                        self.start_batch(&mut tasks, &slots, &mut gathering);
                         continue;
                     }
                     _ = shutdown.changed() => break 'pull,
@@ -318,17 +324,13 @@ impl ConsumerRuntime {
                             continue;
                         };
                         if batch_max > 1 {
-                            group.push((msg, credit));
-                            if group.len() == 1 {
-                                linger_until =
+                            gathering.group.push((msg, credit));
+                            if gathering.group.len() == 1 {
+                                gathering.until =
                                     Some(tokio::time::Instant::now() + self.config.batch_linger.0);
                             }
-                            if group.len() >= batch_max {
-                                linger_until = None;
-                                tasks.spawn(
-                                    self.clone()
-                                        .settle_batch(slots.clone(), std::mem::take(&mut group)),
-                                );
+                            if gathering.group.len() >= batch_max {
+                                self.start_batch(&mut tasks, &slots, &mut gathering);
                             }
                             continue;
                         }
@@ -359,18 +361,10 @@ impl ConsumerRuntime {
             }
             // The pull request is over: what it gathered starts now rather than wait for the
             // next request.
-            if !group.is_empty() {
-                linger_until = None;
-                tasks.spawn(
-                    self.clone()
-                        .settle_batch(slots.clone(), std::mem::take(&mut group)),
-                );
-            }
+            self.start_batch(&mut tasks, &slots, &mut gathering);
         }
-        if !group.is_empty() {
-            // Already pulled: handled like the other in-flight deliveries.
-            tasks.spawn(self.clone().settle_batch(slots.clone(), group));
-        }
+        // Already pulled: handled like the other in-flight deliveries.
+        self.start_batch(&mut tasks, &slots, &mut gathering);
         info!(consumer = %self.config.name, in_flight = tasks.len(), "stopped pulling, draining");
         let drained =
             tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
@@ -380,6 +374,20 @@ impl ConsumerRuntime {
         }
         watcher.abort();
         let _ = watcher.await;
+    }
+
+    /// Starts the gathered deliveries' batch, if any, and clears the gathering.
+    fn start_batch(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        slots: &Arc<Semaphore>,
+        gathering: &mut Gathering,
+    ) {
+        gathering.until = None;
+        if !gathering.group.is_empty() {
+            let group = std::mem::take(&mut gathering.group);
+            tasks.spawn(self.clone().settle_batch(slots.clone(), group));
+        }
     }
 
     /// Settles `key`'s deliveries one after another, in arrival order, until none waits.
