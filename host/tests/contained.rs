@@ -8,8 +8,7 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -80,20 +79,6 @@ impl Drop for HostProcess {
     }
 }
 
-fn spawn_host(config: &Path, log: &Path) -> HostProcess {
-    let child = Command::new(env!("CARGO_BIN_EXE_idemhost"))
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .env_remove("IDEMHOST_FAILPOINT")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    HostProcess(child)
-}
-
 fn scripted(id: String, script: &str) -> (async_nats::HeaderMap, String) {
     let mut h = async_nats::HeaderMap::new();
     h.insert("Nats-Msg-Id", id.as_str());
@@ -129,7 +114,7 @@ async fn hostile_plugins_are_contained_and_memory_returns_to_baseline() {
     )
     .unwrap();
     let log = dir.join("host.log");
-    let mut process = spawn_host(&config, &log);
+    let mut process = HostProcess(spawn_host(&config, None, &log));
     let host = &mut process.0;
 
     // Warm-up: both plugins compiled and instantiated, pools and connections in use.
@@ -258,11 +243,7 @@ async fn hostile_plugins_are_contained_and_memory_returns_to_baseline() {
 
     // SAFETY: signalling our own child.
     unsafe { libc::kill(host.id() as i32, libc::SIGTERM) };
-    let status = wait_until(Duration::from_secs(30), "the host to exit", || {
-        let s = host.try_wait().unwrap();
-        async move { s }
-    })
-    .await;
+    let status = wait_exit(host, Duration::from_secs(30)).await;
     assert!(status.success(), "{status:?}");
     hostile.cleanup().await;
     healthy.cleanup().await;

@@ -6,7 +6,6 @@ mod common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -27,28 +26,6 @@ fn write_config(env: &TestEnv, nats: &NatsEnv, dir: &PathBuf, extra: &str) -> Pa
     let path = dir.join("idemhost.toml");
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn spawn_host(config: &PathBuf, failpoint: Option<&str>, log: &PathBuf) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemhost"));
-    cmd.arg("run")
-        .arg("--config")
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap());
-    cmd.env("RUST_LOG", "info").env_remove("IDEMHOST_FAILPOINT");
-    if let Some(fp) = failpoint {
-        cmd.env("IDEMHOST_FAILPOINT", fp);
-    }
-    cmd.spawn().unwrap()
-}
-
-async fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    wait_until(timeout, "the host process to exit", || {
-        let status = child.try_wait().unwrap();
-        async move { status }
-    })
-    .await
 }
 
 /// Kills the host at `failpoint` with 10 messages waiting, checks that `committed` of them

@@ -438,6 +438,38 @@ impl NatsEnv {
     }
 }
 
+/// `idemhost run --config CONFIG` as a child process, its stderr in `log`, with the named
+/// failpoint selected (the binary must be built with `failpoints` for it to fire).
+pub fn spawn_host(
+    config: &std::path::Path,
+    failpoint: Option<&str>,
+    log: &std::path::Path,
+) -> std::process::Child {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemhost"));
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    cmd.env("RUST_LOG", "info").env_remove("IDEMHOST_FAILPOINT");
+    if let Some(fp) = failpoint {
+        cmd.env("IDEMHOST_FAILPOINT", fp);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Waits for a child process to exit.
+pub async fn wait_exit(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::process::ExitStatus {
+    wait_until(timeout, "the host process to exit", || {
+        let status = child.try_wait().unwrap();
+        async move { status }
+    })
+    .await
+}
+
 /// A host running in this process until `stop`.
 pub struct RunningHost {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
