@@ -194,8 +194,16 @@ impl ConsumerRuntime {
                 payload: msg.message.payload.clone(),
                 delivery_attempt: attempt,
             }),
-            (Ok(id), Some(reason)) => Err((Some(id), reason)),
-            (Err(reason), _) => Err((None, reason)),
+            (Ok(id), Some(reason)) => Err(Refused {
+                id: Some(id),
+                event_type,
+                reason,
+            }),
+            (Err(reason), _) => Err(Refused {
+                id: None,
+                event_type,
+                reason,
+            }),
         };
         Prepared {
             attempt,
@@ -211,17 +219,18 @@ impl ConsumerRuntime {
     async fn checked(
         &self,
         msg: &jetstream::Message,
-        checked: Result<Message, (Option<String>, String)>,
+        checked: Result<Message, Refused>,
         stream_seq: u64,
         attempt: u32,
     ) -> Option<Message> {
         match checked {
             Ok(message) => Some(message),
-            Err((id, reason)) => {
-                let headers = msg.message.headers.as_ref();
-                let event = headers
-                    .and_then(|h| header(h, EVENT_TYPE_HEADER))
-                    .unwrap_or_else(|| msg.message.subject.to_string());
+            Err(Refused {
+                id,
+                event_type,
+                reason,
+            }) => {
+                let event = event_type.unwrap_or_else(|| msg.message.subject.to_string());
                 self.metrics.settled(&event, "terminal_failure", None);
                 tracing::Span::current().record("outcome", "terminal_failure");
                 warn!(outcome = "terminal_failure", %reason, "delivery refused");
@@ -436,7 +445,15 @@ struct Prepared {
     stored_ns: Option<i128>,
     span: tracing::Span,
     /// The message for the handler, or (its id if valid, why it is refused).
-    checked: Result<Message, (Option<String>, String)>,
+    checked: Result<Message, Refused>,
+}
+
+/// Why a delivery is refused before any transaction, with its valid id (if any) and event
+/// type, as `prepare` read them.
+struct Refused {
+    id: Option<String>,
+    event_type: Option<String>,
+    reason: String,
 }
 
 /// A processed delivery about to be settled with the broker.
