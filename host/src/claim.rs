@@ -7,14 +7,16 @@ mod batch;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
+use std::sync::Arc;
+
+use sqlx::PgPool;
 use tracing::{Instrument, debug, info_span};
 
 use crate::config::{ConsumerConfig, Isolation};
 use crate::failpoint;
 use crate::handler::{Handler, HandlerError, Message};
 use crate::outbox::Origin;
-use crate::pg::{self, FailureKind};
+use crate::pg::{self, Connections, FailureKind, Tx};
 use crate::txn::TxHandle;
 
 /// The claim statement of the pattern, verbatim: one row back means this transaction owns the
@@ -24,14 +26,36 @@ pub const CLAIM_SQL: &str = "INSERT INTO processed_message (consumer_name, messa
                              ON CONFLICT DO NOTHING \
                              RETURNING message_id";
 
-/// Records which plugin version applied the message, in the delivery's transaction.
-pub const RECORD_HANDLER_SQL: &str = "INSERT INTO processed_message_handler \
-                                      (consumer_name, message_id, plugin_digest) \
-                                      VALUES ($1, $2, $3)";
-/// [`RECORD_HANDLER_SQL`] for the applied messages of a group-commit batch at once.
-pub const RECORD_HANDLERS_SQL: &str = "INSERT INTO processed_message_handler \
+/// [`CLAIM_SQL`] that also records which plugin version applies the message, beside the
+/// marker and in the same round trip: the record exists exactly when the claim inserted a row.
+pub const CLAIM_RECORDING_SQL: &str = "WITH claimed AS (\
+                                       INSERT INTO processed_message (consumer_name, message_id) \
+                                       VALUES ($1, $2) \
+                                       ON CONFLICT DO NOTHING \
+                                       RETURNING message_id), \
+                                       recorded AS (\
+                                       INSERT INTO processed_message_handler \
                                        (consumer_name, message_id, plugin_digest) \
-                                       SELECT $1, unnest($2::text[]), $3";
+                                       SELECT $1, message_id, $3 FROM claimed) \
+                                       SELECT message_id FROM claimed";
+/// The claim of a whole group-commit batch in one statement: the rows back are the ids this
+/// transaction now owns. Ids are inserted in sorted order, so two batches claiming common ids
+/// take their locks in the same order; an id twice in the batch is claimed once.
+pub const CLAIM_ALL_SQL: &str = "INSERT INTO processed_message (consumer_name, message_id) \
+                                 SELECT $1, id FROM unnest($2::text[]) AS id ORDER BY id \
+                                 ON CONFLICT DO NOTHING \
+                                 RETURNING message_id";
+/// [`CLAIM_ALL_SQL`] recording the plugin version, as [`CLAIM_RECORDING_SQL`] does.
+pub const CLAIM_ALL_RECORDING_SQL: &str = "WITH claimed AS (\
+                                           INSERT INTO processed_message (consumer_name, message_id) \
+                                           SELECT $1, id FROM unnest($2::text[]) AS id ORDER BY id \
+                                           ON CONFLICT DO NOTHING \
+                                           RETURNING message_id), \
+                                           recorded AS (\
+                                           INSERT INTO processed_message_handler \
+                                           (consumer_name, message_id, plugin_digest) \
+                                           SELECT $1, message_id, $3 FROM claimed) \
+                                           SELECT message_id FROM claimed";
 
 /// What became of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +157,9 @@ pub struct ClaimSettings {
     /// First retry delay ceiling; doubles each retry up to `retry_cap` (full jitter).
     pub retry_base: Duration,
     pub retry_cap: Duration,
+    /// Connections kept between deliveries rather than given back to the pool (see
+    /// [`Connections`]): the consumer's `max_in_flight`.
+    pub keep_connections: usize,
 }
 
 impl ClaimSettings {
@@ -145,6 +172,7 @@ impl ClaimSettings {
             role: c.role.clone(),
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
+            keep_connections: c.max_in_flight as usize,
         }
     }
 
@@ -158,6 +186,7 @@ impl ClaimSettings {
             role: None,
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
+            keep_connections: 4,
         }
     }
 }
@@ -165,6 +194,7 @@ impl ClaimSettings {
 /// Runs deliveries of one consumer through claim, handler and commit.
 pub struct Claimer {
     pool: PgPool,
+    connections: Arc<Connections>,
     settings: ClaimSettings,
     /// `BEGIN ...; SET LOCAL statement_timeout = ...` in one round trip.
     begin_sql: String,
@@ -247,6 +277,7 @@ impl Claimer {
             settings.statement_timeout.as_millis().max(1)
         );
         Claimer {
+            connections: Connections::new(pool.clone(), settings.keep_connections),
             pool,
             settings,
             begin_sql,
@@ -342,15 +373,8 @@ impl Claimer {
         msg: &Message,
         timing: &mut Timing,
     ) -> Result<Outcome, AttemptFailure> {
-        let mut tx = self
-            .pool
-            .begin_with(AssertSqlSafe(self.begin_sql.clone()))
-            .await
-            .map_err(|e| AttemptFailure {
-                cause: Rollback::Connection,
-                ..AttemptFailure::db("failed to begin transaction", &e)
-            })?;
-        match self.claim(&mut tx, msg, timing).await {
+        let mut tx = self.begin().await?;
+        match self.claim(&mut tx, handler, msg, timing).await {
             Err(e) => Err(AttemptFailure::db("failed to claim marker", &e)),
             Ok(false) => tx
                 .commit()
@@ -360,12 +384,10 @@ impl Claimer {
             Ok(true) => {
                 let (mut tx, failure) = self.lend(tx, handler, msg, timing).await?;
                 if let Some(failure) = failure {
-                    if let Err(e) = tx.rollback().await {
-                        debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
-                    }
+                    rollback(tx).await;
                     return Err(failure);
                 }
-                self.after_handler(&mut tx, handler, msg).await?;
+                self.reset_role(&mut tx).await?;
                 failpoint::hit("before_commit");
                 tx.commit()
                     .await
@@ -375,32 +397,70 @@ impl Claimer {
         }
     }
 
-    /// Runs the claim statement; whether this transaction now owns the marker.
+    /// Opens a transaction at the consumer's isolation, with its statement timeout.
+    async fn begin(&self) -> Result<Tx, AttemptFailure> {
+        self.connections
+            .begin(&self.begin_sql)
+            .await
+            .map_err(|e| AttemptFailure {
+                cause: Rollback::Connection,
+                ..AttemptFailure::db("failed to begin transaction", &e)
+            })
+    }
+
+    /// Runs the claim statement (recording the plugin version of `handler`, if it has one);
+    /// whether this transaction now owns the marker.
     async fn claim(
         &self,
-        tx: &mut Transaction<'static, Postgres>,
+        tx: &mut Tx,
+        handler: &dyn Handler,
         msg: &Message,
         timing: &mut Timing,
     ) -> Result<bool, sqlx::Error> {
         let started = Instant::now();
-        let claimed = sqlx::query(CLAIM_SQL)
-            .bind(&self.settings.consumer_name)
-            .bind(&msg.id)
-            .fetch_optional(&mut **tx)
-            .await;
+        let query = match handler.digest() {
+            Some(digest) => sqlx::query(CLAIM_RECORDING_SQL)
+                .bind(&self.settings.consumer_name)
+                .bind(&msg.id)
+                .bind(digest),
+            None => sqlx::query(CLAIM_SQL)
+                .bind(&self.settings.consumer_name)
+                .bind(&msg.id),
+        };
+        let claimed = query.fetch_optional(&mut **tx).await;
         timing.claim = started.elapsed();
         claimed.map(|row| row.is_some())
+    }
+
+    /// Claims all of `ids` in one statement (see [`CLAIM_ALL_SQL`]); the ids this transaction
+    /// now owns.
+    async fn claim_all(
+        &self,
+        tx: &mut Tx,
+        handler: &dyn Handler,
+        ids: &[&str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let query = match handler.digest() {
+            Some(digest) => sqlx::query_scalar(CLAIM_ALL_RECORDING_SQL)
+                .bind(&self.settings.consumer_name)
+                .bind(ids)
+                .bind(digest),
+            None => sqlx::query_scalar(CLAIM_ALL_SQL)
+                .bind(&self.settings.consumer_name)
+                .bind(ids),
+        };
+        query.fetch_all(&mut **tx).await
     }
 
     /// Lends the claimed transaction to the handler (as the consumer's role, if any) and takes
     /// it back, with the reason it must roll back if it must.
     async fn lend(
         &self,
-        mut tx: Transaction<'static, Postgres>,
+        mut tx: Tx,
         handler: &dyn Handler,
         msg: &Message,
         timing: &mut Timing,
-    ) -> Result<(Transaction<'static, Postgres>, Option<AttemptFailure>), AttemptFailure> {
+    ) -> Result<(Tx, Option<AttemptFailure>), AttemptFailure> {
         failpoint::hit("after_claim");
         if let Some(role) = &self.settings.role {
             pg::set_role(&mut tx, Some(role))
@@ -425,23 +485,8 @@ impl Claimer {
         Ok((tx, judge(result, poison)))
     }
 
-    /// After a handler succeeded: back to the host's role, and the plugin version recorded
-    /// beside the marker.
-    async fn after_handler(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        handler: &dyn Handler,
-        msg: &Message,
-    ) -> Result<(), AttemptFailure> {
-        self.reset_role(tx).await?;
-        self.record_handler(tx, handler, &[msg.id.as_str()]).await
-    }
-
     /// Back to the host's role after the handler ran as `consumer.role`.
-    async fn reset_role(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-    ) -> Result<(), AttemptFailure> {
+    async fn reset_role(&self, tx: &mut Tx) -> Result<(), AttemptFailure> {
         if self.settings.role.is_some() {
             pg::set_role(tx, None)
                 .await
@@ -449,38 +494,11 @@ impl Claimer {
         }
         Ok(())
     }
+}
 
-    /// Records which plugin version applied `ids` (one statement for all of them).
-    async fn record_handler(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        handler: &dyn Handler,
-        ids: &[&str],
-    ) -> Result<(), AttemptFailure> {
-        let Some(digest) = handler.digest() else {
-            return Ok(());
-        };
-        let recorded = match ids {
-            [] => return Ok(()),
-            [id] => {
-                sqlx::query(RECORD_HANDLER_SQL)
-                    .bind(&self.settings.consumer_name)
-                    .bind(*id)
-                    .bind(digest)
-                    .execute(&mut **tx)
-                    .await
-            }
-            many => {
-                sqlx::query(RECORD_HANDLERS_SQL)
-                    .bind(&self.settings.consumer_name)
-                    .bind(many)
-                    .bind(digest)
-                    .execute(&mut **tx)
-                    .await
-            }
-        };
-        recorded
-            .map(|_| ())
-            .map_err(|e| AttemptFailure::db("failed to record the plugin version", &e))
+/// Rolls an abandoned transaction back (a failed ROLLBACK discards the connection).
+async fn rollback(tx: Tx) {
+    if let Err(e) = tx.rollback().await {
+        debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
     }
 }

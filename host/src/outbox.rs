@@ -6,8 +6,6 @@
 //! (its transaction either committed the rows once or rolled them back) nor a relay crash
 //! between publish and delete (the same id again) makes a second event downstream.
 
-use sqlx::{Postgres, Transaction};
-
 pub mod relay;
 
 /// Events one delivery may publish.
@@ -124,7 +122,7 @@ fn check_subject(subject: &str) -> Result<(), String> {
 
 /// Writes event `seq` of `origin` in `tx`.
 pub async fn insert(
-    tx: &mut Transaction<'static, Postgres>,
+    tx: &mut sqlx::PgConnection,
     origin: &Origin,
     seq: u32,
     subject: &str,
@@ -146,7 +144,7 @@ pub async fn insert(
     .bind(subject)
     .bind(sqlx::types::Json(headers))
     .bind(payload)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     if let Some(role) = &origin.role {
         crate::pg::set_role(tx, Some(role)).await?;

@@ -9,6 +9,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::PostgresConfig;
 
+mod tx;
+pub use tx::{Connections, Tx};
+
 /// What to do about a failed database operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureKind {

@@ -179,7 +179,8 @@ pub async fn bind(
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: config.ack_wait.0,
         max_deliver,
-        max_ack_pending: (config.max_in_flight as i64 * 2).max(16),
+        // At least the credits of the pull loop (see `run`), or batches would stay small.
+        max_ack_pending: (pull_credits(config) as i64).max(16),
         ..Default::default()
     };
     match config.subjects.as_slice() {
@@ -197,7 +198,10 @@ pub async fn bind(
             )
         })?;
     let bound = &consumer.cached_info().config;
-    if bound.max_deliver != max_deliver || bound.ack_wait != pull_config.ack_wait {
+    if bound.max_deliver != max_deliver
+        || bound.ack_wait != pull_config.ack_wait
+        || bound.max_ack_pending < pull_config.max_ack_pending
+    {
         // A durable made by an older version or another config: bring the settings the host
         // relies on up to date (both may be edited on a live consumer).
         consumer = stream.update_consumer(pull_config).await.with_context(|| {
@@ -257,9 +261,7 @@ impl ConsumerRuntime {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
         let batch_max = self.config.batch_max.max(1) as usize;
         let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
-        let credits = Arc::new(Semaphore::new(
-            self.config.max_in_flight as usize * 2 * batch_max,
-        ));
+        let credits = Arc::new(Semaphore::new(pull_credits(&self.config)));
         let mut gathering = Gathering::default();
         let mut tasks = JoinSet::new();
         let mut backoff = Duration::from_millis(100);
@@ -406,6 +408,12 @@ impl ConsumerRuntime {
             next = self.keyed.next(&key);
         }
     }
+}
+
+/// Messages pulled and not yet settled, at most: `2 × max_in_flight` deliveries (or batches
+/// of `batch_max`).
+fn pull_credits(config: &ConsumerConfig) -> usize {
+    config.max_in_flight as usize * 2 * config.batch_max.max(1) as usize
 }
 
 /// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use sqlx::{AssertSqlSafe, Postgres, Transaction};
+use sqlx::AssertSqlSafe;
 use tokio::sync::Mutex;
 
 use crate::outbox::{self, Origin};
-use crate::pg::{self, FailureKind};
+use crate::pg::{self, FailureKind, Tx};
 use crate::sql_gate::{self, SqlValue};
 
 /// A database error seen by a handler, kept so the claim pipeline can classify the attempt.
@@ -21,7 +21,7 @@ pub struct Poison {
 
 struct TxState {
     /// `None` once the delivery took the transaction back (or lost it).
-    tx: Option<Transaction<'static, Postgres>>,
+    tx: Option<Tx>,
     poison: Option<Poison>,
     /// Events published through the outbox so far in this call (the next one's `seq`).
     published: u32,
@@ -48,7 +48,7 @@ pub enum TxError {
 }
 
 impl TxHandle {
-    pub(crate) fn new(tx: Transaction<'static, Postgres>, origin: Origin) -> Self {
+    pub(crate) fn new(tx: Tx, origin: Origin) -> Self {
         TxHandle {
             state: Arc::new(Mutex::new(TxState {
                 tx: Some(tx),
@@ -155,14 +155,14 @@ impl TxHandle {
     }
 
     /// Takes the transaction back for commit or rollback, with the first error a handler saw.
-    pub(crate) async fn take(&self) -> (Option<Transaction<'static, Postgres>>, Option<Poison>) {
+    pub(crate) async fn take(&self) -> (Option<Tx>, Option<Poison>) {
         let mut state = self.state.lock().await;
         (state.tx.take(), state.poison.take())
     }
 }
 
 impl TxState {
-    fn usable(&mut self) -> Result<&mut Transaction<'static, Postgres>, TxError> {
+    fn usable(&mut self) -> Result<&mut Tx, TxError> {
         if let Some(p) = &self.poison {
             return Err(TxError::Database(format!(
                 "transaction is aborted by an earlier error ({}); the host will roll it back",

@@ -1,19 +1,30 @@
-//! Group commit: several deliveries in one transaction, each behind its own SAVEPOINT, so one
-//! message's failure rolls back only its own marker and effect. The claim is still the first
-//! statement of each message's part and the broker is still acked only after the one COMMIT.
+//! Group commit: several deliveries in one transaction, acked only after its one COMMIT.
+//!
+//! A batch first runs optimistically: one statement claims every id of the batch (and records
+//! the plugin version), then the handlers run one after another in the same transaction, then
+//! COMMIT. That is one round trip per batch for all the claims and none per message beyond
+//! the handler's own statements.
+//!
+//! If one message fails on its own (its handler's error, trap, timeout, a statement of its
+//! own), the transaction is rolled back: that message keeps its failure and the others run
+//! again in a second transaction where each message stands behind a SAVEPOINT of its own
+//! (claim first, then handler; ROLLBACK TO on a failure), so a further failure rolls back
+//! only its own marker and effect. The result is what savepoints alone would have given: the
+//! failed message was judged with the earlier messages applied, the later ones without its
+//! effect; an id that comes twice is applied once, by its first delivery that does not fail.
 //!
 //! Anything that endangers the whole transaction — a serialization failure or deadlock, a lost
 //! connection, a failed COMMIT — abandons the batch, and its messages are processed one by one
 //! in per-message transactions: their markers decide what (if anything) had committed.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
-use sqlx::{Postgres, Transaction};
 use tracing::{Instrument, debug, info_span};
 
-use super::{AttemptFailure, Claimer, Outcome, Processed, Rollback, Timing, failpoint};
+use super::{AttemptFailure, Claimer, Outcome, Processed, Rollback, Timing, failpoint, rollback};
 use crate::handler::{Handler, Message};
-use crate::pg::FailureKind;
+use crate::pg::{FailureKind, Tx};
 
 /// One message's result inside a batch that has not committed yet.
 struct Part {
@@ -30,19 +41,53 @@ impl Part {
             timing,
         }
     }
+
+    /// A message that failed on its own (not a conflict: that abandons the batch).
+    fn failed(failure: AttemptFailure, timing: Timing) -> Self {
+        let outcome = match failure.kind {
+            FailureKind::Terminal => Outcome::TerminalFailure(failure.reason),
+            _ => Outcome::RetryableFailure(failure.reason),
+        };
+        Part {
+            outcome,
+            rollback: Some(failure.cause),
+            timing,
+        }
+    }
+}
+
+/// Why the optimistic transaction did not commit.
+enum Stop {
+    /// Message `.0` failed on its own, with this result.
+    Message(usize, Part),
+    /// The whole transaction is lost.
+    Batch(AttemptFailure),
 }
 
 impl Claimer {
     /// Processes `msgs` in one transaction, in order; returns one result per message. A
-    /// duplicate id later in the batch finds the earlier message's marker and is a duplicate
-    /// (unless the earlier one failed and was rolled back to its savepoint).
+    /// duplicate id later in the batch is a duplicate of the earlier message (unless the
+    /// earlier one failed).
     pub async fn process_batch(&self, handler: &dyn Handler, msgs: &[Message]) -> Vec<Processed> {
         if let [one] = msgs {
             return vec![self.process(handler, one).await];
         }
         let started = Instant::now();
         let span = info_span!("idemhost.batch", messages = msgs.len());
-        match self.batch_attempt(handler, msgs).instrument(span).await {
+        let attempt = async {
+            match self.optimistic(handler, msgs).await {
+                Ok(parts) => Ok(parts),
+                Err(Stop::Message(index, part)) => {
+                    debug!(
+                        index,
+                        "a message of the batch failed; the others run again behind savepoints"
+                    );
+                    self.with_savepoints(handler, msgs, (index, part)).await
+                }
+                Err(Stop::Batch(f)) => Err(f),
+            }
+        };
+        match attempt.instrument(span).await {
             Ok(parts) => {
                 let tx_time = started.elapsed();
                 parts
@@ -74,32 +119,72 @@ impl Claimer {
         }
     }
 
-    async fn batch_attempt(
+    /// The batch without savepoints: all claims in one statement, the handlers, COMMIT.
+    async fn optimistic(&self, handler: &dyn Handler, msgs: &[Message]) -> Result<Vec<Part>, Stop> {
+        let mut tx = self.begin().await.map_err(Stop::Batch)?;
+        let started = Instant::now();
+        let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
+        let mut claimed: HashSet<String> = self
+            .claim_all(&mut tx, handler, &ids)
+            .await
+            .map_err(|e| Stop::Batch(AttemptFailure::db("failed to claim markers", &e)))?
+            .into_iter()
+            .collect();
+        let claim = started.elapsed();
+        let mut parts = Vec::with_capacity(msgs.len());
+        for (index, msg) in msgs.iter().enumerate() {
+            let mut timing = Timing {
+                claim,
+                handler: None,
+            };
+            // The first delivery of an id owns its claim; a later one in the batch is a
+            // duplicate of it.
+            if !claimed.remove(msg.id.as_str()) {
+                parts.push(Part::done(Outcome::Duplicate, timing));
+                continue;
+            }
+            let (back, failure) = self
+                .lend(tx, handler, msg, &mut timing)
+                .await
+                .map_err(Stop::Batch)?;
+            tx = back;
+            if let Some(failure) = failure {
+                rollback(tx).await;
+                return Err(match failure.kind {
+                    FailureKind::RetryTransaction => Stop::Batch(failure),
+                    _ => Stop::Message(index, Part::failed(failure, timing)),
+                });
+            }
+            self.reset_role(&mut tx).await.map_err(Stop::Batch)?;
+            parts.push(Part::done(Outcome::Applied, timing));
+        }
+        failpoint::hit("before_commit");
+        tx.commit()
+            .await
+            .map_err(|e| Stop::Batch(AttemptFailure::db("failed to commit", &e)))?;
+        Ok(parts)
+    }
+
+    /// The batch again after message `failed.0` failed on its own: that message keeps its
+    /// result, every other one runs behind its own savepoint.
+    async fn with_savepoints(
         &self,
         handler: &dyn Handler,
         msgs: &[Message],
+        failed: (usize, Part),
     ) -> Result<Vec<Part>, AttemptFailure> {
-        let mut tx = self
-            .pool
-            .begin_with(sqlx::AssertSqlSafe(self.begin_sql.clone()))
-            .await
-            .map_err(|e| AttemptFailure {
-                cause: Rollback::Connection,
-                ..AttemptFailure::db("failed to begin transaction", &e)
-            })?;
+        let mut tx = self.begin().await?;
+        let mut failed = Some(failed);
         let mut parts = Vec::with_capacity(msgs.len());
-        for msg in msgs {
+        for (index, msg) in msgs.iter().enumerate() {
+            if let Some((_, part)) = failed.take_if(|(at, _)| *at == index) {
+                parts.push(part);
+                continue;
+            }
             let (back, part) = self.batch_part(tx, handler, msg).await?;
             tx = back;
             parts.push(part);
         }
-        let applied: Vec<&str> = msgs
-            .iter()
-            .zip(&parts)
-            .filter(|(_, p)| p.outcome == Outcome::Applied)
-            .map(|(m, _)| m.id.as_str())
-            .collect();
-        self.record_handler(&mut tx, handler, &applied).await?;
         failpoint::hit("before_commit");
         tx.commit()
             .await
@@ -109,18 +194,17 @@ impl Claimer {
 
     /// One message's part: SAVEPOINT, claim, handler; ROLLBACK TO on a failure of this message
     /// alone. Savepoints are not released (each RELEASE would be one more round trip per
-    /// message); the next message's savepoint of the same name shadows this one, and the
-    /// plugins' versions are recorded for the whole batch before the COMMIT. `Err` abandons
-    /// the whole batch.
+    /// message); the next message's savepoint of the same name shadows this one. `Err`
+    /// abandons the whole batch.
     async fn batch_part(
         &self,
-        mut tx: Transaction<'static, Postgres>,
+        mut tx: Tx,
         handler: &dyn Handler,
         msg: &Message,
-    ) -> Result<(Transaction<'static, Postgres>, Part), AttemptFailure> {
+    ) -> Result<(Tx, Part), AttemptFailure> {
         let mut timing = Timing::default();
         savepoint(&mut tx, "SAVEPOINT idemhost_message").await?;
-        let failure = match self.claim(&mut tx, msg, &mut timing).await {
+        let failure = match self.claim(&mut tx, handler, msg, &mut timing).await {
             Err(e) => AttemptFailure::db("failed to claim marker", &e),
             Ok(false) => return Ok((tx, Part::done(Outcome::Duplicate, timing))),
             Ok(true) => {
@@ -140,24 +224,12 @@ impl Claimer {
             return Err(failure);
         }
         savepoint(&mut tx, "ROLLBACK TO SAVEPOINT idemhost_message").await?;
-        let outcome = match failure.kind {
-            FailureKind::Terminal => Outcome::TerminalFailure(failure.reason),
-            _ => Outcome::RetryableFailure(failure.reason),
-        };
-        let part = Part {
-            outcome,
-            rollback: Some(failure.cause),
-            timing,
-        };
-        Ok((tx, part))
+        Ok((tx, Part::failed(failure, timing)))
     }
 }
 
 /// Runs a savepoint statement; its failure abandons the batch.
-async fn savepoint(
-    tx: &mut Transaction<'static, Postgres>,
-    sql: &'static str,
-) -> Result<(), AttemptFailure> {
+async fn savepoint(tx: &mut Tx, sql: &'static str) -> Result<(), AttemptFailure> {
     sqlx::query(sql)
         .execute(&mut **tx)
         .await

@@ -1,0 +1,137 @@
+//! Delivery transactions on connections the claim pipeline keeps between deliveries.
+//!
+//! sqlx's pool checks a connection's liveness with a round trip each time one is taken from it
+//! idle and each time one is given back: two round trips per delivery on top of the four of its
+//! transaction. A consumer's [`Connections`] keeps up to `max_in_flight` connections between
+//! deliveries instead, and only a connection whose transaction ended cleanly (COMMIT or
+//! ROLLBACK answered) goes back there; any other goes back to the pool, which tests it.
+//!
+//! A [`Tx`] is a transaction on one of them. Dropped before it ended (a delivery cancelled at
+//! shutdown), its connection is closed, never reused: PostgreSQL rolls the transaction back.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
+
+/// A consumer's connections: the ones it keeps, and the pool for more.
+pub struct Connections {
+    pool: PgPool,
+    keep: usize,
+    idle: Mutex<Vec<PoolConnection<Postgres>>>,
+}
+
+impl Connections {
+    /// Keeps up to `keep` connections between transactions (0: always the pool's).
+    pub fn new(pool: PgPool, keep: usize) -> Arc<Self> {
+        Arc::new(Connections {
+            pool,
+            keep,
+            idle: Mutex::new(Vec::with_capacity(keep)),
+        })
+    }
+
+    /// Begins a transaction with `begin` (a `BEGIN ...` statement, or several in one simple
+    /// query). A kept connection that turns out broken (the server restarted meanwhile) is
+    /// dropped and the next one tried; the pool's last.
+    pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<Tx, sqlx::Error> {
+        loop {
+            let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
+            let from_pool = kept.is_none();
+            let mut conn = match kept {
+                Some(conn) => conn,
+                None => self.pool.acquire().await?,
+            };
+            match sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => {
+                    return Ok(Tx {
+                        conn: Some(conn),
+                        home: self.clone(),
+                    });
+                }
+                Err(e) => {
+                    // Whatever state the connection is in now, it is not reused.
+                    conn.close_on_drop();
+                    if from_pool || matches!(e, sqlx::Error::Database(_)) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn give_back(&self, conn: PoolConnection<Postgres>) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < self.keep
+        {
+            idle.push(conn);
+        }
+        // Otherwise dropped: back to the pool.
+    }
+}
+
+/// An open transaction. Statements run on it through `&mut *tx` (a [`PgConnection`]).
+pub struct Tx {
+    /// `None` once the transaction ended.
+    conn: Option<PoolConnection<Postgres>>,
+    home: Arc<Connections>,
+}
+
+impl Tx {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.end("COMMIT").await
+    }
+
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(mut self, statement: &'static str) -> Result<(), sqlx::Error> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        match sqlx::raw_sql(statement).execute(&mut *conn).await {
+            Ok(_) => {
+                self.home.give_back(conn);
+                Ok(())
+            }
+            Err(e) => {
+                conn.close_on_drop();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.conn {
+            conn.close_on_drop();
+        }
+    }
+}
+
+impl Deref for Tx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        match &self.conn {
+            Some(conn) => conn,
+            // `conn` is taken only by `end`, which consumes the transaction.
+            None => unreachable!("transaction used after it ended"),
+        }
+    }
+}
+
+impl DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match &mut self.conn {
+            Some(conn) => conn,
+            None => unreachable!("transaction used after it ended"),
+        }
+    }
+}
