@@ -373,15 +373,24 @@ impl Claimer {
         msg: &Message,
         timing: &mut Timing,
     ) -> Result<Outcome, AttemptFailure> {
-        let mut tx = self.begin().await?;
-        match self.claim(&mut tx, handler, msg, timing).await {
-            Err(e) => Err(AttemptFailure::db("failed to claim marker", &e)),
-            Ok(false) => tx
+        let (tx, claimed) = match self.begin_claimed(handler, msg, timing).await {
+            Some(begun) => begun?,
+            None => {
+                let mut tx = self.begin().await?;
+                let claimed = self.claim(&mut tx, handler, msg, timing).await;
+                (
+                    tx,
+                    claimed.map_err(|e| AttemptFailure::db("failed to claim marker", &e))?,
+                )
+            }
+        };
+        match claimed {
+            false => tx
                 .commit()
                 .await
                 .map(|()| Outcome::Duplicate)
                 .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e)),
-            Ok(true) => {
+            true => {
                 let (mut tx, failure) = self.lend(tx, handler, msg, timing).await?;
                 if let Some(failure) = failure {
                     rollback(tx).await;
@@ -402,10 +411,47 @@ impl Claimer {
         self.connections
             .begin(&self.begin_sql)
             .await
+            .map(|(tx, _)| tx)
             .map_err(|e| AttemptFailure {
                 cause: Rollback::Connection,
                 ..AttemptFailure::db("failed to begin transaction", &e)
             })
+    }
+
+    /// Opens the transaction and claims `msg` in the same round trip: `BEGIN`, `SET LOCAL` and
+    /// the claim statement sent as one simple query, the values written as escaped literals.
+    /// `None` when `msg`'s id cannot be written so (see [`pg::literal`]).
+    async fn begin_claimed(
+        &self,
+        handler: &dyn Handler,
+        msg: &Message,
+        timing: &mut Timing,
+    ) -> Option<Result<(Tx, bool), AttemptFailure>> {
+        let mut values = vec![
+            pg::literal(&self.settings.consumer_name)?,
+            pg::literal(&msg.id)?,
+        ];
+        let claim = match handler.digest() {
+            Some(digest) => {
+                values.push(pg::literal(digest)?);
+                CLAIM_RECORDING_SQL
+            }
+            None => CLAIM_SQL,
+        };
+        let sql = format!("{}; {}", self.begin_sql, pg::with_values(claim, &values));
+        let started = Instant::now();
+        let begun = self.connections.begin(&sql).await;
+        timing.claim = started.elapsed();
+        Some(match begun {
+            Ok((tx, rows)) => Ok((tx, !rows.is_empty())),
+            Err(e @ sqlx::Error::Database(_)) => {
+                Err(AttemptFailure::db("failed to claim marker", &e))
+            }
+            Err(e) => Err(AttemptFailure {
+                cause: Rollback::Connection,
+                ..AttemptFailure::db("failed to begin transaction", &e)
+            }),
+        })
     }
 
     /// Runs the claim statement (recording the plugin version of `handler`, if it has one);

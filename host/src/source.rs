@@ -179,8 +179,8 @@ pub async fn bind(
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: config.ack_wait.0,
         max_deliver,
-        // At least the credits of the pull loop (see `run`), or batches would stay small.
-        max_ack_pending: (pull_credits(config) as i64).max(16),
+        // Room for the pull loop's credits (see `run`) and as many acks on their way.
+        max_ack_pending: (2 * pull_credits(config) as i64).max(16),
         ..Default::default()
     };
     match config.subjects.as_slice() {
@@ -254,10 +254,12 @@ impl ConsumerRuntime {
     /// (rolled back, not acked — the broker redelivers it).
     ///
     /// Pulling is explicit: each pull request asks for exactly as many messages as there are
-    /// free credits. A credit stands for a message pulled but not yet settled; there are
-    /// `2 × max_in_flight`, so at most `max_in_flight` deliveries run while as many wait,
-    /// already fetched, for a slot — the client never buffers more than that, and nothing
-    /// waits unstarted long enough to reach its ack deadline.
+    /// free credits. A credit stands for a message pulled whose transaction has not ended;
+    /// there are `2 × max_in_flight` (times `batch_max`), so at most `max_in_flight`
+    /// deliveries run while as many wait, already fetched, for a slot — the client never
+    /// buffers more than that, and nothing waits unstarted long enough to reach its ack
+    /// deadline. Acks still on their way hold no credit; the server's `max_ack_pending` bounds
+    /// them.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
         let batch_max = self.config.batch_max.max(1) as usize;
         let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
@@ -347,9 +349,8 @@ impl ConsumerRuntime {
                             None => {
                                 tasks.spawn(async move {
                                     if let Ok(slot) = slots.acquire_owned().await {
-                                        this.settle(msg, slot).await;
+                                        this.settle(msg, (slot, credit)).await;
                                     }
-                                    drop(credit);
                                 });
                             }
                         }
@@ -402,9 +403,8 @@ impl ConsumerRuntime {
         let mut next = Some(first);
         while let Some((msg, credit)) = next {
             if let Ok(slot) = slots.clone().acquire_owned().await {
-                self.settle(msg, slot).await;
+                self.settle(msg, (slot, credit)).await;
             }
-            drop(credit);
             next = self.keyed.next(&key);
         }
     }

@@ -129,3 +129,60 @@ async fn an_event_type_the_plugin_does_not_know_is_terminal() {
     assert_eq!(env.markers(consumer).await, 0);
     env.cleanup().await;
 }
+
+/// The claim goes to PostgreSQL with `BEGIN` in one simple query, its values written as string
+/// literals: ids made to break out of a literal stay data, are claimed once and are duplicates
+/// the second time; an id PostgreSQL cannot store (a NUL) takes the bound-parameter path and is
+/// refused with no marker and no effect.
+#[tokio::test]
+async fn ids_that_look_like_sql_stay_data() {
+    let env = TestEnv::new("sql_ids").await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let consumer = "testkit-v1";
+    let c = Claimer::new(
+        env.pool.clone(),
+        ClaimSettings::new(consumer, Isolation::ReadCommitted),
+    );
+    let reserve = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}]}"#;
+    let ids = [
+        "o'brien",
+        "back\\slash\\",
+        "x'); DELETE FROM processed_message; --",
+        "E'\\'';",
+        "$1 $2 $3",
+        "ünïcødé ✓",
+        "dollar $$ quoted $q$",
+    ];
+    for id in ids {
+        let first = c.process(plugin.as_ref(), &message(id, reserve)).await;
+        assert_eq!(first.outcome, Outcome::Applied, "{id}: {first:?}");
+        let again = c.process(plugin.as_ref(), &message(id, reserve)).await;
+        assert_eq!(again.outcome, Outcome::Duplicate, "{id}: {again:?}");
+    }
+    let stored: Vec<String> = sqlx::query_scalar(
+        "SELECT message_id FROM processed_message WHERE consumer_name = $1 ORDER BY message_id",
+    )
+    .bind(consumer)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let mut expected: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    expected.sort();
+    let mut stored_sorted = stored.clone();
+    stored_sorted.sort();
+    assert_eq!(stored_sorted, expected, "each id stored exactly as sent");
+    assert_eq!(env.reserved("sku-1").await, ids.len() as i64);
+
+    let nul = c
+        .process(plugin.as_ref(), &message("nul\0id", reserve))
+        .await;
+    assert!(
+        matches!(&nul.outcome, Outcome::TerminalFailure(r) if r.contains("22021")),
+        "{nul:?}"
+    );
+    assert_eq!(env.markers(consumer).await, ids.len() as i64);
+    assert_eq!(env.reserved("sku-1").await, ids.len() as i64);
+    drop(c);
+    env.cleanup().await;
+}

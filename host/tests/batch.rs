@@ -1,5 +1,6 @@
-//! Group commit (`batch_max`): one transaction for several deliveries, each behind its own
-//! SAVEPOINT. A failing message rolls back only its own marker and effect; a duplicate id inside
+//! Group commit (`batch_max`): one transaction for several deliveries, claimed in one statement;
+//! after a failure the others run again each behind its own SAVEPOINT. A failing message rolls
+//! back only its own marker and effect; a duplicate id inside
 //! one batch applies once; through NATS every message is applied once or dead-lettered, and
 //! nothing is acked before its batch committed. (`seed_batch.rs` runs the seed's tests in this
 //! mode; `crash.rs` kills the host inside a batch.)
@@ -104,6 +105,76 @@ async fn a_failure_in_a_batch_rolls_back_only_its_own_part() {
     let outcomes: Vec<&str> = again.iter().map(|p| p.outcome.label()).collect();
     assert_eq!(outcomes, ["applied", "duplicate"]);
     assert_eq!(env.reserved("sku-1").await, 13);
+    env.cleanup().await;
+}
+
+/// The first pass claims the whole batch in one statement: an id twice in the batch and an id
+/// committed before are duplicates, the plugin version is recorded beside each new marker, and
+/// an id whose first delivery in the batch fails is applied by its second one.
+#[tokio::test]
+async fn a_batch_claims_its_ids_in_one_statement() {
+    let env = TestEnv::new("batch_claim_all").await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let plugin = load_plugin("testkit", Duration::from_millis(500));
+    let c = Claimer::new(
+        env.pool.clone(),
+        ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
+    );
+    let before = c
+        .process(plugin.as_ref(), &message("old", &reserve(1)))
+        .await;
+    assert_eq!(before.outcome, Outcome::Applied);
+    let batch = [
+        message("b", &reserve(1)),
+        message("old", &reserve(1)),
+        message("b", &reserve(1)),
+        message("a", &reserve(1)),
+    ];
+    let labels = |r: &[idemhost::Processed]| -> Vec<&'static str> {
+        r.iter().map(|p| p.outcome.label()).collect()
+    };
+    let results = c.process_batch(plugin.as_ref(), &batch).await;
+    assert_eq!(
+        labels(&results),
+        ["applied", "duplicate", "duplicate", "applied"]
+    );
+    assert_eq!(env.reserved("sku-1").await, 3);
+    let recorded: Vec<(String, String)> = sqlx::query_as(
+        "SELECT message_id, plugin_digest FROM processed_message_handler \
+         WHERE consumer_name = $1 ORDER BY message_id",
+    )
+    .bind(CONSUMER)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let digest = plugin.digest().to_string();
+    assert_eq!(
+        recorded,
+        [
+            ("a".to_string(), digest.clone()),
+            ("b".to_string(), digest.clone()),
+            ("old".to_string(), digest.clone())
+        ]
+    );
+
+    let failing = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 100 WHERE sku = 'sku-1'"},{"fail":"terminal","reason":"first copy refused"}]}"#;
+    let results = c
+        .process_batch(
+            plugin.as_ref(),
+            &[
+                message("e", &reserve(1)),
+                message("d", failing),
+                message("d", &reserve(1)),
+            ],
+        )
+        .await;
+    assert_eq!(labels(&results), ["applied", "terminal_failure", "applied"]);
+    assert_eq!(
+        env.reserved("sku-1").await,
+        5,
+        "e and the second d, not the first d"
+    );
+    assert_eq!(env.markers(CONSUMER).await, 5);
     env.cleanup().await;
 }
 

@@ -19,11 +19,80 @@ COMMIT;
 
 /// pgbench's tps for the seed transaction at `clients` clients over `seconds`.
 pub(super) async fn pgbench(db_url: &str, clients: u32, seconds: u32) -> anyhow::Result<f64> {
+    let text = run_pgbench(db_url, clients, seconds, &[]).await?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("tps = ")?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .context("no tps line in pgbench's output")
+}
+
+/// Latency of the seed transaction run by pgbench at a steady `rate`.
+pub(super) struct Paced {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub transactions: usize,
+}
+
+/// The seed transaction at `rate` per second (`pgbench -R`), each one's latency taken from its
+/// scheduled start to its end (pgbench's per-transaction log: time plus schedule lag).
+pub(super) async fn pgbench_paced(
+    db_url: &str,
+    clients: u32,
+    rate: f64,
+    seconds: u32,
+) -> anyhow::Result<Paced> {
+    let dir = std::env::temp_dir().join(format!("idemhost-bench-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let prefix = format!("--log-prefix={}", dir.join("seed").display());
+    let rate = format!("{rate:.0}");
+    let ran = run_pgbench(db_url, clients, seconds, &["-R", &rate, "-l", &prefix]).await;
+    let mut us = Vec::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let text = std::fs::read_to_string(entry?.path())?;
+        for line in text.lines() {
+            // client, transaction, time µs, script, epoch s, epoch µs[, schedule lag µs]
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let field = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+            if let Some(time) = field(2) {
+                us.push(time + field(6).unwrap_or(0.0));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    ran?;
+    if us.is_empty() {
+        bail!("pgbench logged no transaction");
+    }
+    us.sort_by(f64::total_cmp);
+    let q = |p: f64| us[((us.len() as f64 * p) as usize).min(us.len() - 1)] / 1e3;
+    Ok(Paced {
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        max_ms: q(1.0),
+        transactions: us.len(),
+    })
+}
+
+/// Runs the seed transaction through pgbench with `extra` options; its standard output.
+async fn run_pgbench(
+    db_url: &str,
+    clients: u32,
+    seconds: u32,
+    extra: &[&str],
+) -> anyhow::Result<String> {
     let script =
         std::env::temp_dir().join(format!("idemhost-bench-seed-{}.sql", std::process::id()));
     std::fs::write(&script, SEED_TX)?;
     let out = Command::new("pgbench")
         .args(["-n", "-M", "prepared"])
+        .args(extra)
         .arg("-c")
         .arg(clients.to_string())
         .arg("-j")
@@ -38,22 +107,13 @@ pub(super) async fn pgbench(db_url: &str, clients: u32, seconds: u32) -> anyhow:
         .await
         .context("pgbench not runnable")?;
     let _ = std::fs::remove_file(&script);
-    let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
             "pgbench failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("tps = ")?
-                .split_whitespace()
-                .next()?
-                .parse::<f64>()
-                .ok()
-        })
-        .context("no tps line in pgbench's output")
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The seed's Node consumer, installed in a writable copy of its folder.

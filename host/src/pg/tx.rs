@@ -13,6 +13,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
 
 /// A consumer's connections: the ones it keeps, and the pool for more.
@@ -24,18 +25,40 @@ pub struct Connections {
 
 impl Connections {
     /// Keeps up to `keep` connections between transactions (0: always the pool's).
+    ///
+    /// `Pool::close` waits for every connection taken from the pool, kept ones included, so
+    /// they are given back as soon as the pool starts closing. That takes a task on the tokio
+    /// runtime: outside one, nothing is kept.
     pub fn new(pool: PgPool, keep: usize) -> Arc<Self> {
-        Arc::new(Connections {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let keep = if runtime.is_some() { keep } else { 0 };
+        let this = Arc::new(Connections {
             pool,
             keep,
             idle: Mutex::new(Vec::with_capacity(keep)),
-        })
+        });
+        if let Some(runtime) = runtime
+            && keep > 0
+        {
+            let closing = this.pool.close_event();
+            let kept = Arc::downgrade(&this);
+            runtime.spawn(async move {
+                closing.await;
+                if let Some(this) = kept.upgrade()
+                    && let Ok(mut idle) = this.idle.lock()
+                {
+                    idle.clear();
+                }
+            });
+        }
+        this
     }
 
-    /// Begins a transaction with `begin` (a `BEGIN ...` statement, or several in one simple
-    /// query). A kept connection that turns out broken (the server restarted meanwhile) is
-    /// dropped and the next one tried; the pool's last.
-    pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<Tx, sqlx::Error> {
+    /// Begins a transaction with `begin`: a `BEGIN ...` and the statements that follow it, in
+    /// one simple query (one round trip); the rows they returned. A kept connection that turns
+    /// out broken (the server restarted meanwhile) is dropped and the next one tried; the
+    /// pool's last. When a statement fails, the transaction is rolled back and `Err` returned.
+    pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<(Tx, Vec<PgRow>), sqlx::Error> {
         loop {
             let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             let from_pool = kept.is_none();
@@ -44,19 +67,28 @@ impl Connections {
                 None => self.pool.acquire().await?,
             };
             match sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
-                .execute(&mut *conn)
+                .fetch_all(&mut *conn)
                 .await
             {
-                Ok(_) => {
-                    return Ok(Tx {
+                Ok(rows) => {
+                    let tx = Tx {
                         conn: Some(conn),
                         home: self.clone(),
-                    });
+                    };
+                    return Ok((tx, rows));
+                }
+                // The server answered: the connection works; end what the statements began.
+                Err(e @ sqlx::Error::Database(_)) => {
+                    let tx = Tx {
+                        conn: Some(conn),
+                        home: self.clone(),
+                    };
+                    let _ = tx.rollback().await;
+                    return Err(e);
                 }
                 Err(e) => {
-                    // Whatever state the connection is in now, it is not reused.
                     conn.close_on_drop();
-                    if from_pool || matches!(e, sqlx::Error::Database(_)) {
+                    if from_pool {
                         return Err(e);
                     }
                 }
@@ -67,6 +99,7 @@ impl Connections {
     fn give_back(&self, conn: PoolConnection<Postgres>) {
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < self.keep
+            && !self.pool.is_closed()
         {
             idle.push(conn);
         }

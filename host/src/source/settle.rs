@@ -18,6 +18,10 @@ use crate::claim::{Outcome, Processed};
 use crate::failpoint;
 use crate::handler::Message;
 
+/// What a delivery holds while its transaction runs: one of `max_in_flight` slots and its
+/// pull credit.
+pub(super) type Lease = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
 impl ConsumerRuntime {
     /// Group commit: handles `group` in one transaction (see [`Claimer::process_batch`]) and
     /// settles each delivery with the broker after the commit, as `settle` would have.
@@ -29,7 +33,7 @@ impl ConsumerRuntime {
         let Ok(slot) = slots.acquire_owned().await else {
             return;
         };
-        let (pulled, _credits): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+        let (pulled, credits): (Vec<_>, Vec<_>) = group.into_iter().unzip();
         let mut ready = Vec::with_capacity(pulled.len());
         let mut messages = Vec::with_capacity(pulled.len());
         for msg in &pulled {
@@ -61,8 +65,9 @@ impl ConsumerRuntime {
                     .process_batch(active.handler.as_ref(), &messages),
             )
             .await;
-        // The transaction is over: the next batch may start while these are acked.
-        drop(slot);
+        // The transaction is over: the next batch may start, and more be pulled, while these
+        // are acked.
+        drop((slot, credits));
         let size = messages.len();
         let this = &*self;
         let settled = ready.iter().zip(&messages).zip(&results).map(
@@ -89,9 +94,10 @@ impl ConsumerRuntime {
     }
 
     /// Handles one delivery start to finish and settles it with the broker.
-    /// `slot` (one of `max_in_flight`) is given back once the transaction is over, before the
-    /// broker is told: the next delivery's transaction overlaps this one's ack round trip.
-    pub(super) async fn settle(&self, msg: jetstream::Message, slot: OwnedSemaphorePermit) {
+    /// `lease` (its `max_in_flight` slot and its pull credit) is given back once the
+    /// transaction is over, before the broker is told: the next delivery's transaction, and the
+    /// next pull, overlap this one's ack round trip.
+    pub(super) async fn settle(&self, msg: jetstream::Message, lease: Lease) {
         let prepared = self.prepare(&msg);
         let span = prepared.span.clone();
         async {
@@ -119,7 +125,7 @@ impl ConsumerRuntime {
                         self.metrics.started(attempt);
                     }
                     _ => {
-                        drop(slot);
+                        drop(lease);
                         let delivery = Settled { msg: &msg, message: &message, attempt, stream_seq: prepared.stream_seq, stored_ns: prepared.stored_ns };
                         return self.conclude(delivery, &processed).await;
                     }
