@@ -158,7 +158,9 @@ pub struct ClaimSettings {
     pub retry_base: Duration,
     pub retry_cap: Duration,
     /// Connections kept between deliveries rather than given back to the pool (see
-    /// [`Connections`]): the consumer's `max_in_flight`.
+    /// [`Connections`]). The host gives each consumer its `max_in_flight`, or its share of the
+    /// pool when the consumers' sum does not fit; [`ClaimSettings::new`] keeps none. Kept
+    /// connections count against the pool's `max_connections` while idle.
     pub keep_connections: usize,
 }
 
@@ -186,7 +188,7 @@ impl ClaimSettings {
             role: None,
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
-            keep_connections: 4,
+            keep_connections: 0,
         }
     }
 }

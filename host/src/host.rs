@@ -209,7 +209,13 @@ impl Host {
 
         let mut runtimes = Vec::new();
         for c in &config.consumers {
-            let claimer = Claimer::new(pool.clone(), ClaimSettings::for_consumer(c));
+            let mut settings = ClaimSettings::for_consumer(c);
+            settings.keep_connections = kept_connections(
+                c.max_in_flight,
+                total_in_flight,
+                config.postgres.max_connections,
+            );
+            let claimer = Claimer::new(pool.clone(), settings);
             let slot = registry
                 .slot(&c.name)
                 .cloned()
@@ -286,5 +292,35 @@ impl Host {
         pool.close().await;
         info!("idemhost stopped");
         Ok(())
+    }
+}
+
+/// Pooled connections the host never lets consumers keep between deliveries: the outbox relay's
+/// listener and one for everything else (samplers, the relay's reads, operator queries).
+const UNKEPT_CONNECTIONS: u32 = 2;
+
+/// How many connections a consumer with `max_in_flight` keeps between deliveries (see
+/// `pg::Connections`): all it can use at once when every consumer's fit in the pool beside
+/// [`UNKEPT_CONNECTIONS`], else its share of what does fit, so kept connections can never take
+/// the whole pool.
+fn kept_connections(max_in_flight: u32, total_in_flight: u32, max_connections: u32) -> usize {
+    let room = max_connections.saturating_sub(UNKEPT_CONNECTIONS);
+    if total_in_flight <= room {
+        max_in_flight as usize
+    } else {
+        (u64::from(max_in_flight) * u64::from(room) / u64::from(total_in_flight.max(1))) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kept_connections_leave_room_in_the_pool() {
+        assert_eq!(super::kept_connections(16, 16, 20), 16);
+        assert_eq!(super::kept_connections(16, 16, 16), 14);
+        // Six consumers of 16 in a pool of 8: 16 × 6 / 96 = 1 each, 6 of the 8 at most.
+        assert_eq!(super::kept_connections(16, 96, 8), 1);
+        assert_eq!(super::kept_connections(4, 96, 8), 0);
+        assert_eq!(super::kept_connections(1, 1, 2), 0);
     }
 }

@@ -174,6 +174,9 @@ impl Claimer {
         failed: (usize, Part),
     ) -> Result<Vec<Part>, AttemptFailure> {
         let mut tx = self.begin().await?;
+        // The first pass's claim (a wait on a competing claim shows there) counts for every
+        // message: it is part of what claiming it took.
+        let first_claim = failed.1.timing.claim;
         let mut failed = Some(failed);
         let mut parts = Vec::with_capacity(msgs.len());
         for (index, msg) in msgs.iter().enumerate() {
@@ -181,7 +184,8 @@ impl Claimer {
                 parts.push(part);
                 continue;
             }
-            let (back, part) = self.batch_part(tx, handler, msg).await?;
+            let (back, mut part) = self.batch_part(tx, handler, msg).await?;
+            part.timing.claim += first_claim;
             tx = back;
             parts.push(part);
         }

@@ -2,9 +2,11 @@
 //!
 //! sqlx's pool checks a connection's liveness with a round trip each time one is taken from it
 //! idle and each time one is given back: two round trips per delivery on top of the four of its
-//! transaction. A consumer's [`Connections`] keeps up to `max_in_flight` connections between
-//! deliveries instead, and only a connection whose transaction ended cleanly (COMMIT or
-//! ROLLBACK answered) goes back there; any other goes back to the pool, which tests it.
+//! transaction. A consumer's [`Connections`] keeps some connections between deliveries instead
+//! (the host decides how many, leaving room in the pool for the others), and only a connection
+//! whose transaction ended cleanly (COMMIT or ROLLBACK answered) goes back there; any other goes
+//! back to the pool, which tests it. While the pool has none left to give, connections go back
+//! to it rather than be kept, so nobody waits on the pool for a connection a consumer keeps.
 //!
 //! A [`Tx`] is a transaction on one of them. Dropped before it ended (a delivery cancelled at
 //! shutdown), its connection is closed, never reused: PostgreSQL rolls the transaction back.
@@ -96,9 +98,14 @@ impl Connections {
         }
     }
 
+    /// Keeps `conn` for the next transaction, unless this consumer keeps enough already or
+    /// the pool has none left to give: then someone may be waiting for one, and it goes back.
     fn give_back(&self, conn: PoolConnection<Postgres>) {
+        let exhausted = self.pool.num_idle() == 0
+            && self.pool.size() >= self.pool.options().get_max_connections();
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < self.keep
+            && !exhausted
             && !self.pool.is_closed()
         {
             idle.push(conn);

@@ -113,10 +113,11 @@ impl TestEnv {
             .unwrap()
     }
 
-    /// Pid of this test's session that waits on a lock while running a statement starting
-    /// with `prefix`, once there is one.
+    /// Pid of this test's session that waits on a lock while running a statement containing
+    /// `prefix`, once there is one. (The claim is sent with the `BEGIN` of its transaction,
+    /// so the whole text is searched, not only its start.)
     pub async fn wait_for_lock_wait(&self, prefix: &str) -> i32 {
-        let like = format!("{prefix}%");
+        let like = format!("%{prefix}%");
         wait_until(
             Duration::from_secs(20),
             &format!("a session blocked in `{prefix}`"),
