@@ -4,11 +4,10 @@
 
 mod batch;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use std::sync::Arc;
-
 use sqlx::PgPool;
 use tracing::{Instrument, debug, info_span};
 

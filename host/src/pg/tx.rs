@@ -1,8 +1,8 @@
 //! Delivery transactions on connections the claim pipeline keeps between deliveries.
 //!
 //! sqlx's pool checks a connection's liveness with a round trip each time one is taken from it
-//! idle and each time one is given back: two round trips per delivery on top of the four of its
-//! transaction. A consumer's [`Connections`] keeps some connections between deliveries instead
+//! idle and each time one is given back: two round trips per delivery on top of its
+//! transaction's. A consumer's [`Connections`] keeps some connections between deliveries instead
 //! (the host decides how many, leaving room in the pool for the others), and only a connection
 //! whose transaction ended cleanly (COMMIT or ROLLBACK answered) goes back there; any other goes
 //! back to the pool, which tests it. While the pool has none left to give, connections go back
@@ -64,32 +64,28 @@ impl Connections {
         loop {
             let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             let from_pool = kept.is_none();
-            let mut conn = match kept {
+            let conn = match kept {
                 Some(conn) => conn,
                 None => self.pool.acquire().await?,
             };
+            // From here the connection is in a `Tx`: dropped unfinished (this future
+            // cancelled), it is closed, never pooled in the middle of a transaction.
+            let mut tx = Tx {
+                conn: Some(conn),
+                home: self.clone(),
+            };
             match sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut *tx)
                 .await
             {
-                Ok(rows) => {
-                    let tx = Tx {
-                        conn: Some(conn),
-                        home: self.clone(),
-                    };
-                    return Ok((tx, rows));
-                }
+                Ok(rows) => return Ok((tx, rows)),
                 // The server answered: the connection works; end what the statements began.
                 Err(e @ sqlx::Error::Database(_)) => {
-                    let tx = Tx {
-                        conn: Some(conn),
-                        home: self.clone(),
-                    };
                     let _ = tx.rollback().await;
                     return Err(e);
                 }
                 Err(e) => {
-                    conn.close_on_drop();
+                    drop(tx);
                     if from_pool {
                         return Err(e);
                     }
@@ -130,20 +126,14 @@ impl Tx {
         self.end("ROLLBACK").await
     }
 
+    /// Runs `statement` (COMMIT or ROLLBACK); once it was answered the connection is kept or
+    /// given back. On an error (or if this future is dropped first) the connection is closed.
     async fn end(mut self, statement: &'static str) -> Result<(), sqlx::Error> {
-        let Some(mut conn) = self.conn.take() else {
-            return Ok(());
-        };
-        match sqlx::raw_sql(statement).execute(&mut *conn).await {
-            Ok(_) => {
-                self.home.give_back(conn);
-                Ok(())
-            }
-            Err(e) => {
-                conn.close_on_drop();
-                Err(e)
-            }
+        sqlx::raw_sql(statement).execute(&mut *self).await?;
+        if let Some(conn) = self.conn.take() {
+            self.home.give_back(conn);
         }
+        Ok(())
     }
 }
 
