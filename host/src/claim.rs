@@ -18,43 +18,52 @@ use crate::outbox::Origin;
 use crate::pg::{self, Connections, FailureKind, Tx};
 use crate::txn::TxHandle;
 
+/// The seed's claim for one id: `$1` the consumer, `$2` the id.
+macro_rules! claim_one {
+    () => {
+        "INSERT INTO processed_message (consumer_name, message_id) \
+         VALUES ($1, $2) \
+         ON CONFLICT DO NOTHING \
+         RETURNING message_id"
+    };
+}
+
+/// The claim for a batch: `$2` the ids, inserted in sorted order.
+macro_rules! claim_all {
+    () => {
+        "INSERT INTO processed_message (consumer_name, message_id) \
+         SELECT $1, id FROM unnest($2::text[]) AS id ORDER BY id \
+         ON CONFLICT DO NOTHING \
+         RETURNING message_id"
+    };
+}
+
+/// `claim` that also records, beside each marker it inserted, plugin version `$3`.
+macro_rules! recording {
+    ($claim:expr) => {
+        concat!(
+            "WITH claimed AS (",
+            $claim,
+            "), recorded AS (\
+             INSERT INTO processed_message_handler (consumer_name, message_id, plugin_digest) \
+             SELECT $1, message_id, $3 FROM claimed) \
+             SELECT message_id FROM claimed"
+        )
+    };
+}
+
 /// The claim statement of the pattern, verbatim: one row back means this transaction owns the
 /// message, none means a committed duplicate.
-pub const CLAIM_SQL: &str = "INSERT INTO processed_message (consumer_name, message_id) \
-                             VALUES ($1, $2) \
-                             ON CONFLICT DO NOTHING \
-                             RETURNING message_id";
-
+pub const CLAIM_SQL: &str = claim_one!();
 /// [`CLAIM_SQL`] that also records which plugin version applies the message, beside the
 /// marker and in the same round trip: the record exists exactly when the claim inserted a row.
-pub const CLAIM_RECORDING_SQL: &str = "WITH claimed AS (\
-                                       INSERT INTO processed_message (consumer_name, message_id) \
-                                       VALUES ($1, $2) \
-                                       ON CONFLICT DO NOTHING \
-                                       RETURNING message_id), \
-                                       recorded AS (\
-                                       INSERT INTO processed_message_handler \
-                                       (consumer_name, message_id, plugin_digest) \
-                                       SELECT $1, message_id, $3 FROM claimed) \
-                                       SELECT message_id FROM claimed";
+pub const CLAIM_RECORDING_SQL: &str = recording!(claim_one!());
 /// The claim of a whole group-commit batch in one statement: the rows back are the ids this
 /// transaction now owns. Ids are inserted in sorted order, so two batches claiming common ids
 /// take their locks in the same order; an id twice in the batch is claimed once.
-pub const CLAIM_ALL_SQL: &str = "INSERT INTO processed_message (consumer_name, message_id) \
-                                 SELECT $1, id FROM unnest($2::text[]) AS id ORDER BY id \
-                                 ON CONFLICT DO NOTHING \
-                                 RETURNING message_id";
+pub const CLAIM_ALL_SQL: &str = claim_all!();
 /// [`CLAIM_ALL_SQL`] recording the plugin version, as [`CLAIM_RECORDING_SQL`] does.
-pub const CLAIM_ALL_RECORDING_SQL: &str = "WITH claimed AS (\
-                                           INSERT INTO processed_message (consumer_name, message_id) \
-                                           SELECT $1, id FROM unnest($2::text[]) AS id ORDER BY id \
-                                           ON CONFLICT DO NOTHING \
-                                           RETURNING message_id), \
-                                           recorded AS (\
-                                           INSERT INTO processed_message_handler \
-                                           (consumer_name, message_id, plugin_digest) \
-                                           SELECT $1, message_id, $3 FROM claimed) \
-                                           SELECT message_id FROM claimed";
+pub const CLAIM_ALL_RECORDING_SQL: &str = recording!(claim_all!());
 
 /// What became of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,7 +203,6 @@ impl ClaimSettings {
 
 /// Runs deliveries of one consumer through claim, handler and commit.
 pub struct Claimer {
-    pool: PgPool,
     connections: Arc<Connections>,
     settings: ClaimSettings,
     /// `BEGIN ...; SET LOCAL statement_timeout = ...` in one round trip.
@@ -278,8 +286,7 @@ impl Claimer {
             settings.statement_timeout.as_millis().max(1)
         );
         Claimer {
-            connections: Connections::new(pool.clone(), settings.keep_connections),
-            pool,
+            connections: Connections::new(pool, settings.keep_connections),
             settings,
             begin_sql,
         }
@@ -296,7 +303,7 @@ impl Claimer {
         )
         .bind(&self.settings.consumer_name)
         .bind(id)
-        .fetch_one(&self.pool)
+        .fetch_one(self.connections.pool())
         .await
     }
 
@@ -428,16 +435,18 @@ impl Claimer {
         msg: &Message,
         timing: &mut Timing,
     ) -> Option<Result<(Tx, bool), AttemptFailure>> {
+        let digest = handler.digest();
         let mut values = vec![
             pg::literal(&self.settings.consumer_name)?,
             pg::literal(&msg.id)?,
         ];
-        let claim = match handler.digest() {
-            Some(digest) => {
-                values.push(pg::literal(digest)?);
-                CLAIM_RECORDING_SQL
-            }
-            None => CLAIM_SQL,
+        if let Some(digest) = digest {
+            values.push(pg::literal(digest)?);
+        }
+        let claim = if digest.is_some() {
+            CLAIM_RECORDING_SQL
+        } else {
+            CLAIM_SQL
         };
         let sql = format!("{}; {}", self.begin_sql, pg::with_values(claim, &values));
         let started = Instant::now();
@@ -465,15 +474,18 @@ impl Claimer {
         timing: &mut Timing,
     ) -> Result<bool, sqlx::Error> {
         let started = Instant::now();
-        let query = match handler.digest() {
-            Some(digest) => sqlx::query(CLAIM_RECORDING_SQL)
-                .bind(&self.settings.consumer_name)
-                .bind(&msg.id)
-                .bind(digest),
-            None => sqlx::query(CLAIM_SQL)
-                .bind(&self.settings.consumer_name)
-                .bind(&msg.id),
+        let digest = handler.digest();
+        let sql = if digest.is_some() {
+            CLAIM_RECORDING_SQL
+        } else {
+            CLAIM_SQL
         };
+        let mut query = sqlx::query(sql)
+            .bind(&self.settings.consumer_name)
+            .bind(&msg.id);
+        if let Some(digest) = digest {
+            query = query.bind(digest);
+        }
         let claimed = query.fetch_optional(&mut **tx).await;
         timing.claim = started.elapsed();
         claimed.map(|row| row.is_some())
@@ -487,15 +499,18 @@ impl Claimer {
         handler: &dyn Handler,
         ids: &[&str],
     ) -> Result<Vec<String>, sqlx::Error> {
-        let query = match handler.digest() {
-            Some(digest) => sqlx::query_scalar(CLAIM_ALL_RECORDING_SQL)
-                .bind(&self.settings.consumer_name)
-                .bind(ids)
-                .bind(digest),
-            None => sqlx::query_scalar(CLAIM_ALL_SQL)
-                .bind(&self.settings.consumer_name)
-                .bind(ids),
+        let digest = handler.digest();
+        let sql = if digest.is_some() {
+            CLAIM_ALL_RECORDING_SQL
+        } else {
+            CLAIM_ALL_SQL
         };
+        let mut query = sqlx::query_scalar(sql)
+            .bind(&self.settings.consumer_name)
+            .bind(ids);
+        if let Some(digest) = digest {
+            query = query.bind(digest);
+        }
         query.fetch_all(&mut **tx).await
     }
 
@@ -547,5 +562,28 @@ impl Claimer {
 async fn rollback(tx: Tx) {
     if let Err(e) = tx.rollback().await {
         debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_statements_are_the_seeds_insert() {
+        assert_eq!(
+            CLAIM_SQL,
+            "INSERT INTO processed_message (consumer_name, message_id) VALUES ($1, $2) \
+             ON CONFLICT DO NOTHING RETURNING message_id"
+        );
+        assert_eq!(
+            CLAIM_RECORDING_SQL,
+            format!(
+                "WITH claimed AS ({CLAIM_SQL}), recorded AS (INSERT INTO processed_message_handler \
+                 (consumer_name, message_id, plugin_digest) SELECT $1, message_id, $3 FROM claimed) \
+                 SELECT message_id FROM claimed"
+            )
+        );
+        assert!(CLAIM_ALL_RECORDING_SQL.starts_with(&format!("WITH claimed AS ({CLAIM_ALL_SQL})")));
     }
 }

@@ -56,6 +56,11 @@ impl Connections {
         this
     }
 
+    /// The pool behind the kept connections, for statements outside a delivery.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Begins a transaction with `begin`: a `BEGIN ...` and the statements that follow it, in
     /// one simple query (one round trip); the rows they returned. A kept connection that turns
     /// out broken (the server restarted meanwhile) is dropped and the next one tried; the
