@@ -417,7 +417,14 @@ impl WasmHandler {
                 ctx.data_mut().timed_out = true;
                 wasmtime::bail!("handler deadline exceeded");
             }
-            Ok(UpdateDeadline::Yield(1))
+            // Tokio's yield hands the wake-up to the scheduler, which runs it only after the
+            // ready tasks and the I/O driver had their turn: deliveries whose database replies
+            // arrived meanwhile run before this plugin's next slice. (`Yield` wakes at once,
+            // and a runtime polls its driver only every 61 task polls.)
+            Ok(UpdateDeadline::YieldCustom(
+                1,
+                Box::pin(tokio::task::yield_now()),
+            ))
         });
         store
     }

@@ -115,27 +115,44 @@ async fn trapping_plugin_rolls_back_and_host_keeps_serving() {
 /// other deliveries from running meanwhile.
 #[tokio::test]
 async fn endless_loop_is_interrupted_at_the_deadline() {
+    const LOOP_DEADLINE: Duration = Duration::from_secs(2);
     let env = TestEnv::new("loop").await;
-    env.seed_inventory(&[("sku-1", 10)]).await;
-    let plugin = load_plugin("testkit", Duration::from_millis(300));
+    // The loop's effect is on its own row: on the healthy delivery's row it would hold that
+    // row's lock until its rollback, and the healthy delivery would wait for it.
+    env.seed_inventory(&[("sku-1", 10), ("sku-loop", 10)]).await;
+    let looping_plugin = load_plugin("testkit", LOOP_DEADLINE);
+    // The healthy delivery has its own, generous deadline: what is under test is that it gets
+    // to run while the loop spins, not how fast a loaded machine runs it.
+    let healthy_plugin = load_plugin("testkit", Duration::from_secs(30));
     let c = claimer(&env);
-    let script = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 100 WHERE sku = 'sku-1'"},"loop"]}"#;
+    let script = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 100 WHERE sku = 'sku-loop'"},"loop"]}"#;
     let looping_msg = message("evt-loop", script);
     let started = Instant::now();
-    // Both on one task: the healthy delivery only completes if the looping plugin yields.
-    let (looping, healthy) = tokio::join!(
-        c.process(plugin.as_ref(), &looping_msg),
-        healthy_delivery_still_applies(&c, &plugin, "evt-beside-loop"),
+    // Both on one task: the healthy delivery only completes before the loop's deadline if the
+    // looping plugin yields, and only makes progress if the database's replies reach it.
+    let (looping, healthy_done) = tokio::join!(
+        async {
+            let p = c.process(looping_plugin.as_ref(), &looping_msg).await;
+            (p, started.elapsed())
+        },
+        async {
+            healthy_delivery_still_applies(&c, &healthy_plugin, "evt-beside-loop").await;
+            started.elapsed()
+        },
     );
-    let elapsed = started.elapsed();
-    let () = healthy;
+    let (looping, looping_done) = looping;
     assert!(
         matches!(&looping.outcome, Outcome::RetryableFailure(r) if r.contains("handler_timeout")),
         "{looping:?}"
     );
     assert!(
-        elapsed < Duration::from_secs(5),
-        "interrupted promptly: {elapsed:?}"
+        healthy_done < looping_done,
+        "the healthy delivery ran while the plugin looped: done after {healthy_done:?}, \
+         the loop was interrupted after {looping_done:?}"
+    );
+    assert!(
+        looping_done >= LOOP_DEADLINE && looping_done < LOOP_DEADLINE + Duration::from_secs(5),
+        "interrupted promptly at its deadline: {looping_done:?}"
     );
     assert_eq!(
         env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'evt-loop'")
@@ -145,9 +162,10 @@ async fn endless_loop_is_interrupted_at_the_deadline() {
     assert_eq!(
         env.reserved("sku-1").await,
         1,
-        "only the healthy delivery's effect"
+        "the healthy delivery's effect"
     );
-    healthy_delivery_still_applies(&c, &plugin, "evt-after-loop").await;
+    assert_eq!(env.reserved("sku-loop").await, 0, "the loop's rolled back");
+    healthy_delivery_still_applies(&c, &looping_plugin, "evt-after-loop").await;
     env.cleanup().await;
 }
 
