@@ -261,6 +261,13 @@ impl Drop for PluginRuntime {
     }
 }
 
+/// What polls a store's futures: a tokio task, or a plain executor (`block_on`).
+#[derive(Clone, Copy)]
+enum Driver {
+    Tokio,
+    Plain,
+}
+
 /// Everything one plugin instance can reach.
 pub struct PluginState {
     table: ResourceTable,
@@ -391,8 +398,8 @@ impl WasmHandler {
 
     /// A store for one instance: fresh state, the consumer's memory budget, and a deadline
     /// checked every epoch tick (yielding in between, so a busy plugin cannot starve other
-    /// deliveries of its worker thread).
-    fn new_store(&self) -> Store<PluginState> {
+    /// deliveries of its worker thread). `driver` says what polls the store's futures.
+    fn new_store(&self, driver: Driver) -> Store<PluginState> {
         let deadline = Instant::now() + self.limits.timeout;
         let state = PluginState {
             table: ResourceTable::new(),
@@ -417,14 +424,18 @@ impl WasmHandler {
                 ctx.data_mut().timed_out = true;
                 wasmtime::bail!("handler deadline exceeded");
             }
-            // Tokio's yield hands the wake-up to the scheduler, which runs it only after the
-            // ready tasks and the I/O driver had their turn: deliveries whose database replies
-            // arrived meanwhile run before this plugin's next slice. (`Yield` wakes at once,
-            // and a runtime polls its driver only every 61 task polls.)
-            Ok(UpdateDeadline::YieldCustom(
-                1,
-                Box::pin(tokio::task::yield_now()),
-            ))
+            Ok(match driver {
+                // Tokio's yield hands the wake-up to the scheduler, which runs it only after
+                // the ready tasks and the I/O driver had their turn: deliveries whose database
+                // replies arrived meanwhile run before this plugin's next slice. (`Yield` wakes
+                // at once, and a runtime polls its driver only every 61 task polls.)
+                Driver::Tokio => UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())),
+                // A plain executor polls nothing else, so there is no one to yield to; and
+                // tokio's deferred wake-up would wait for this runtime thread's scheduler,
+                // which is blocked in that executor (the load hung: the conformance suite's
+                // JavaScript and Python plugins take over a tick to instantiate in debug).
+                Driver::Plain => UpdateDeadline::Continue(1),
+            })
         });
         store
     }
@@ -432,7 +443,7 @@ impl WasmHandler {
     /// Instantiates once at load without calling anything: start functions run, initial
     /// memories are charged against the budget, and the pool's limits apply.
     fn trial_instantiation(&self) -> Result<(), String> {
-        let mut store = self.new_store();
+        let mut store = self.new_store(Driver::Plain);
         // Instantiation can reach no database call (there is no transaction to call it on),
         // so a plain executor drives it, even on a runtime thread.
         let result = futures::executor::block_on(self.pre.instantiate_async(&mut store));
@@ -460,7 +471,7 @@ impl WasmHandler {
     }
 
     async fn call(&self, tx: &TxHandle, msg: &Message) -> Result<(), HandlerError> {
-        let mut store = self.new_store();
+        let mut store = self.new_store(Driver::Tokio);
         let result = self.instantiate_and_handle(&mut store, tx, msg).await;
         let state = store.data();
         if state.log.dropped > 0 {
