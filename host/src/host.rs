@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -171,7 +171,8 @@ impl Host {
                         .with_context(|| format!("consumer {}: the store's version", c.name))?;
                     let origin = format!("nats:{}", config.plugins.object_bucket);
                     let h = rt
-                        .load_bytes(&bytes, Path::new(&origin), limits)
+                        .load_bytes_blocking(bytes, PathBuf::from(&origin), limits)
+                        .await
                         .with_context(|| format!("consumer {}", c.name))?;
                     (h, origin)
                 }
@@ -184,7 +185,8 @@ impl Host {
                         )
                     })?;
                     let h = rt
-                        .load_bytes(&bytes, path, limits)
+                        .load_bytes_blocking(bytes.clone(), path.clone(), limits)
+                        .await
                         .with_context(|| format!("consumer {}", c.name))?;
                     if let Some(store) = &store {
                         // Another replica may seed first; the store's watch then converges.

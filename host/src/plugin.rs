@@ -186,6 +186,27 @@ impl PluginRuntime {
         self.load_bytes(&bytes, path, limits)
     }
 
+    /// [`load_bytes`](Self::load_bytes) on a blocking thread: compiling takes CPU for up to
+    /// seconds (or waits while another loader compiles the same component), which must not
+    /// hold an async worker that deliveries and the admin endpoint share.
+    pub async fn load_bytes_blocking(
+        self: &Arc<Self>,
+        bytes: Vec<u8>,
+        origin: PathBuf,
+        limits: PluginLimits,
+    ) -> Result<WasmHandler, PluginError> {
+        let runtime = self.clone();
+        let path = origin.clone();
+        tokio::task::spawn_blocking(move || runtime.load_bytes(&bytes, &origin, limits))
+            .await
+            .unwrap_or_else(|e| {
+                Err(PluginError::Compile {
+                    path,
+                    reason: format!("the compiling thread failed: {e}"),
+                })
+            })
+    }
+
     /// Compiles (or takes from the compile cache) and validates component bytes: the world's
     /// imports and exports, then one trial instantiation under the consumer's limits, so a
     /// component that traps or outgrows its memory at start-up is refused now, not at every
@@ -203,29 +224,15 @@ impl PluginRuntime {
         };
         let digest_hex = format!("{:x}", Sha256::digest(bytes));
         let started = Instant::now();
-        let cached = self
-            .cache
-            .as_ref()
-            .and_then(|c| c.load(&self.engine, &digest_hex));
-        let from_cache = cached.is_some();
-        let component = match cached {
-            Some(component) => component,
-            None => {
-                let component = Component::from_binary(&self.engine, bytes).map_err(|e| {
-                    PluginError::Compile {
-                        path: path.clone(),
-                        reason: format!("{e:#}"),
-                    }
-                })?;
-                if let Some(Err(reason)) = self
-                    .cache
-                    .as_ref()
-                    .map(|c| c.store(&digest_hex, &component))
-                {
-                    tracing::warn!(%reason, "failed to cache compiled plugin");
-                }
-                component
-            }
+        let compile = || {
+            Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
+                path: path.clone(),
+                reason: format!("{e:#}"),
+            })
+        };
+        let (component, from_cache) = match &self.cache {
+            Some(cache) => cache.load_or_compile(&self.engine, &digest_hex, compile)?,
+            None => (compile()?, false),
         };
         let compile_time = started.elapsed();
         let wasi_imports = world::check(&component, &self.engine).map_err(world_err)?;
@@ -350,7 +357,8 @@ struct LogSink {
 pub struct LoadInfo {
     /// Component size in bytes.
     pub size: usize,
-    /// Time to compile, or to deserialize from the compile cache.
+    /// Time to compile, or to deserialize from the compile cache (after waiting, if another
+    /// loader was compiling the same component).
     pub compile_time: Duration,
     /// Whether the compiled code came from the compile cache.
     pub from_cache: bool,

@@ -13,7 +13,7 @@ pub mod store;
 pub mod watch;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -250,16 +250,13 @@ impl Registry {
             });
         }
         let started = Instant::now();
-        let origin = source.clone();
-        // Compiling takes CPU for up to seconds: off the async workers, so deliveries go on.
-        let loaded = tokio::task::spawn_blocking(move || {
-            runtime.load_bytes(&bytes, Path::new(&origin), limits)
-        })
-        .await;
-        let handler = match loaded {
-            Ok(Ok(h)) => h,
-            Ok(Err(e)) => return Err(slot.refused(&source, e.to_string())),
-            Err(e) => return Err(slot.refused(&source, format!("validation failed: {e}"))),
+        // Off the async workers, so deliveries go on while it compiles.
+        let handler = match runtime
+            .load_bytes_blocking(bytes, PathBuf::from(&source), limits)
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => return Err(slot.refused(&source, e.to_string())),
         };
         let version = Arc::new(Version::new(
             digest,

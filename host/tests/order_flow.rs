@@ -77,7 +77,18 @@ async fn order_flow(tag: &str) -> (TestEnv, NatsEnv, RunningHost, String) {
         );
     let host = idemhost::Host::new(parse_config(&text))
         .with_handler(provider::CONSUMER, Arc::new(provider::FakeProvider));
-    (env, nats, RunningHost::start(host), admin)
+    let host = RunningHost::start(host);
+    // A cold compile cache (a fresh CI machine) makes start-up compile the Python component,
+    // tens of seconds on 2 shared cores while the other tests run: the flow's own time limits
+    // start once every consumer is bound.
+    let readyz = format!("http://{admin}/readyz");
+    wait_until(Duration::from_secs(300), "the host ready", || async {
+        idemhost::admin::http::get(&readyz, Duration::from_secs(5))
+            .await
+            .ok()
+    })
+    .await;
+    (env, nats, host, admin)
 }
 
 async fn publish(nats: &NatsEnv, subject: &str, id: &str, event_type: &str, payload: &str) {

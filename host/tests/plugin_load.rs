@@ -4,7 +4,8 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::*;
@@ -28,6 +29,17 @@ fn scratch_dir(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique(tag));
     let _ = std::fs::remove_dir_all(&dir);
     dir
+}
+
+/// The cache directory's files whose names end in `.<ext>`.
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    found.sort();
+    found
 }
 
 /// A core module is not a component: refused as such.
@@ -106,7 +118,35 @@ fn second_load_comes_from_the_compile_cache() {
     assert_eq!(first.digest(), second.digest());
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "the cache directory is private");
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    assert_eq!(files(&dir, "cwasm").len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Loaders of one component that start together (replicas sharing a cache volume, tests in
+/// parallel) compile it once: the others wait on the artifact's lock and deserialize it.
+#[test]
+fn loads_that_start_together_compile_once() {
+    let dir = scratch_dir("cache_together");
+    let barrier = Arc::new(Barrier::new(3));
+    let loads: Vec<_> = (0..3)
+        .map(|_| {
+            let (dir, barrier) = (dir.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                // One runtime each, as separate processes would have.
+                let mut rt = PluginRuntime::new().unwrap();
+                rt.set_compile_cache(Some(&dir)).unwrap();
+                barrier.wait();
+                let h = rt.load(&plugin_path("inventory-c"), LIMITS).unwrap();
+                (h.load_info().from_cache, h.digest().to_string())
+            })
+        })
+        .collect();
+    let loaded: Vec<(bool, String)> = loads.into_iter().map(|t| t.join().unwrap()).collect();
+    let compiled = loaded.iter().filter(|(from_cache, _)| !from_cache).count();
+    assert_eq!(compiled, 1, "compiled once: {loaded:?}");
+    assert!(loaded.iter().all(|(_, d)| *d == loaded[0].1));
+    assert_eq!(files(&dir, "cwasm").len(), 1);
+    assert!(files(&dir, "tmp").is_empty(), "no temporary file left");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -118,12 +158,7 @@ fn corrupt_cached_artifact_is_recompiled_and_replaced() {
     let mut rt = PluginRuntime::new().unwrap();
     rt.set_compile_cache(Some(&dir)).unwrap();
     rt.load(&plugin_path("inventory"), LIMITS).unwrap();
-    let artifact = std::fs::read_dir(&dir)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let artifact = files(&dir, "cwasm").remove(0);
     let mut bytes = std::fs::read(&artifact).unwrap();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xff;

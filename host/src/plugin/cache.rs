@@ -6,6 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -66,6 +67,56 @@ impl CompileCache {
             .join(format!("{digest_hex}-{}.cwasm", self.engine_key))
     }
 
+    /// The cached component for `digest_hex` (and `true`), or `compile`'s (and `false`), then
+    /// stored. Loaders of one component serialize on a lock file in the directory, so
+    /// processes or threads that start together (replicas sharing a cache volume, parallel
+    /// tests) compile it once, and the others wait and deserialize the artifact. Without the
+    /// lock (a read-only directory) each compiles on its own, as it would without a cache.
+    pub(crate) fn load_or_compile<E>(
+        &self,
+        engine: &Engine,
+        digest_hex: &str,
+        compile: impl FnOnce() -> Result<Component, E>,
+    ) -> Result<(Component, bool), E> {
+        if let Some(component) = self.load(engine, digest_hex) {
+            return Ok((component, true));
+        }
+        let lock = self.lock(digest_hex);
+        match &lock {
+            Ok(_) => {
+                if let Some(component) = self.load(engine, digest_hex) {
+                    return Ok((component, true));
+                }
+            }
+            Err(reason) => tracing::warn!(%reason, "compiling without the compile cache's lock"),
+        }
+        let component = compile()?;
+        if let Err(reason) = self.store(digest_hex, &component) {
+            tracing::warn!(%reason, "failed to cache compiled plugin");
+        }
+        drop(lock);
+        Ok((component, false))
+    }
+
+    /// Waits for the exclusive lock of `digest_hex`'s artifact (released when the file is
+    /// closed, also by a process that died). The lock file stays: removing it could let two
+    /// holders lock two different files.
+    fn lock(&self, digest_hex: &str) -> Result<std::fs::File, String> {
+        let path = self
+            .dir
+            .join(format!(".{digest_hex}-{}.lock", self.engine_key));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        file.lock()
+            .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+        Ok(file)
+    }
+
     /// The compiled component for `digest_hex`, when a sound artifact is cached. A corrupt or
     /// incompatible one is removed (and compiled again by the caller).
     pub(crate) fn load(&self, engine: &Engine, digest_hex: &str) -> Option<Component> {
@@ -95,14 +146,18 @@ impl CompileCache {
 
     /// Writes the compiled component atomically (temporary file, fsync, rename); a failure
     /// only costs the next start a compilation, so it is returned for a warning.
-    pub(crate) fn store(&self, digest_hex: &str, component: &Component) -> Result<(), String> {
+    fn store(&self, digest_hex: &str, component: &Component) -> Result<(), String> {
         let body = component
             .serialize()
             .map_err(|e| format!("cannot serialize: {e}"))?;
         let path = self.path(digest_hex);
-        let tmp = self
-            .dir
-            .join(format!(".{digest_hex}.{}.tmp", std::process::id()));
+        // Unique per write: two threads of one process may store at once.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let write_no = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.dir.join(format!(
+            ".{digest_hex}.{}.{write_no}.tmp",
+            std::process::id()
+        ));
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
