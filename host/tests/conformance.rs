@@ -63,8 +63,8 @@ fn template_name(lang: &str) -> String {
 /// One loaded handler per component for the whole test binary (the runtime's compile cache
 /// spares later test binaries and re-runs the compilation too).
 fn plugin(name: &str) -> Arc<WasmHandler> {
-    static LOADED: OnceLock<Mutex<HashMap<String, Arc<OnceLock<Arc<WasmHandler>>>>>> =
-        OnceLock::new();
+    type Cells = Mutex<HashMap<String, Arc<OnceLock<Arc<WasmHandler>>>>>;
+    static LOADED: OnceLock<Cells> = OnceLock::new();
     let cell = LOADED
         .get_or_init(Default::default)
         .lock()

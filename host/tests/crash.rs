@@ -5,14 +5,14 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
 
 const CONSUMER: &str = "inventory-reservation-v1";
 
-fn write_config(env: &TestEnv, nats: &NatsEnv, dir: &PathBuf, extra: &str) -> PathBuf {
+fn write_config(env: &TestEnv, nats: &NatsEnv, dir: &Path, extra: &str) -> PathBuf {
     let text = format!(
         "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\nlog_format = \"json\"\n\n\
          [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\n\

@@ -202,9 +202,9 @@ async fn swap_under_load_applies_every_message_once_on_one_version() {
         digest_of(&plugin_path("versioned-a")),
         digest_of(&plugin_path("versioned-b")),
     );
-    publish_range(&nats, 0..N).await;
+    publish_range(nats, 0..N).await;
 
-    wait_effects(&env, 4_000).await;
+    wait_effects(env, 4_000).await;
     let component_b = std::fs::read(plugin_path("versioned-b")).unwrap();
     let asked = Instant::now();
     let r = admin(
@@ -216,11 +216,11 @@ async fn swap_under_load_applies_every_message_once_on_one_version() {
     .await;
     let deploy_call = asked.elapsed();
     assert_eq!(r.status, 200, "{}", r.body);
-    wait_effects(&env, N as i64).await;
+    wait_effects(env, N as i64).await;
     nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
 
-    assert_exactly_once(&env, N as i64, &digest_a, &digest_b).await;
-    let (a, b) = (effects(&env, "a").await, effects(&env, "b").await);
+    assert_exactly_once(env, N as i64, &digest_a, &digest_b).await;
+    let (a, b) = (effects(env, "a").await, effects(env, "b").await);
     assert!(a >= 4_000 && b > 0, "a {a}, b {b}");
     // Publish order: A's messages, then B's, overlapping by at most one window of deliveries
     // pulled before the swap and started after it (2 × max_in_flight credits).
@@ -302,9 +302,9 @@ async fn bad_components_are_refused_and_rollback_restores_the_previous_digest() 
         assert_eq!(current_digest(&base).await, digest_a, "{what}");
         nats.publish(Some(&id(sent)), "{}").await;
         sent += 1;
-        wait_effects(&env, sent as i64).await;
+        wait_effects(env, sent as i64).await;
     }
-    assert_eq!(effects(&env, "a").await, 3, "A served between the refusals");
+    assert_eq!(effects(env, "a").await, 3, "A served between the refusals");
     let refusal = &report(&base).await["consumers"][0]["last_refusal"]["reason"];
     assert!(
         refusal.as_str().unwrap().contains("cannot be instantiated"),
@@ -357,7 +357,7 @@ async fn bad_components_are_refused_and_rollback_restores_the_previous_digest() 
         assert_eq!(&current_digest(&base).await, expect, "{step}");
         nats.publish(Some(&id(sent)), "{}").await;
         sent += 1;
-        wait_effects(&env, sent as i64).await;
+        wait_effects(env, sent as i64).await;
         let handled: String =
             sqlx::query_scalar("SELECT handled_by FROM swap_effect WHERE message_id = $1")
                 .bind(id(sent - 1))
@@ -382,7 +382,7 @@ async fn bad_components_are_refused_and_rollback_restores_the_previous_digest() 
         "{listed}"
     );
     nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
-    assert_exactly_once(&env, sent as i64, &digest_a, &digest_b).await;
+    assert_exactly_once(env, sent as i64, &digest_a, &digest_b).await;
     swap.finish().await;
 }
 
@@ -427,7 +427,7 @@ async fn replacing_the_plugin_file_swaps_the_plugin() {
     .await;
     let (env, nats, base) = (&swap.env, &swap.nats, swap.base.clone());
     nats.publish(Some(&id(0)), "{}").await;
-    wait_effects(&env, 1).await;
+    wait_effects(env, 1).await;
 
     let replace = |from: &dyn Fn(&Path), tag: &str| {
         let tmp = dir.join(format!("{tag}.tmp"));
@@ -464,11 +464,11 @@ async fn replacing_the_plugin_file_swaps_the_plugin() {
     })
     .await;
     nats.publish(Some(&id(1)), "{}").await;
-    wait_effects(&env, 2).await;
-    assert_eq!(effects(&env, "b").await, 1);
+    wait_effects(env, 2).await;
+    assert_eq!(effects(env, "b").await, 1);
     let source = &report(&base).await["consumers"][0]["current"]["source"];
     assert!(source.as_str().unwrap().starts_with("file:"), "{source}");
-    assert_exactly_once(&env, 2, &digest_a, &digest_b).await;
+    assert_exactly_once(env, 2, &digest_a, &digest_b).await;
     swap.finish().await;
 }
 

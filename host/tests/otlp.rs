@@ -16,8 +16,11 @@ use common::*;
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
 
+/// (path, body) of each request the collector received.
+type Requests = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// Accepts OTLP/HTTP requests on `listener`, answering 200, and keeps (path, body) of each.
-fn collector(listener: TcpListener) -> Arc<Mutex<Vec<(String, Vec<u8>)>>> {
+fn collector(listener: TcpListener) -> Requests {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let keep = seen.clone();
     std::thread::spawn(move || {
@@ -41,10 +44,10 @@ fn collector(listener: TcpListener) -> Arc<Mutex<Vec<(String, Vec<u8>)>>> {
                         if line.is_empty() {
                             break;
                         }
-                        if let Some((k, v)) = line.split_once(':') {
-                            if k.eq_ignore_ascii_case("content-length") {
-                                length = v.trim().parse().unwrap();
-                            }
+                        if let Some((k, v)) = line.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            length = v.trim().parse().unwrap();
                         }
                     }
                     let mut body = vec![0; length];
