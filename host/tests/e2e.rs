@@ -333,10 +333,7 @@ async fn native_handler_runs_through_the_same_pipeline() {
         let url = format!("http://{admin}{path}");
         async move { idemhost::admin::probe(&url, Duration::from_secs(5)).await }
     };
-    wait_until(Duration::from_secs(20), "/readyz to answer 200", || async {
-        get("/readyz").await.ok()
-    })
-    .await;
+    wait_ready(&admin, Duration::from_secs(20)).await;
     get("/healthz").await.unwrap();
     let not_found = get("/nope").await.unwrap_err();
     assert!(not_found.contains("HTTP/1.1 404"), "{not_found}");
@@ -462,10 +459,7 @@ async fn readyz_through_outage(
     );
     let readyz = format!("http://{admin}/readyz");
     let ready = || idemhost::admin::probe(&readyz, Duration::from_secs(5));
-    wait_until(Duration::from_secs(20), "/readyz 200", || async {
-        ready().await.ok()
-    })
-    .await;
+    wait_ready(&admin, Duration::from_secs(20)).await;
 
     outage();
     let why = wait_until(Duration::from_secs(20), "/readyz 503", || async {

@@ -81,13 +81,7 @@ async fn order_flow(tag: &str) -> (TestEnv, NatsEnv, RunningHost, String) {
     // A cold compile cache (a fresh CI machine) makes start-up compile the Python component,
     // tens of seconds on 2 shared cores while the other tests run: the flow's own time limits
     // start once every consumer is bound.
-    let readyz = format!("http://{admin}/readyz");
-    wait_until(Duration::from_secs(300), "the host ready", || async {
-        idemhost::admin::http::get(&readyz, Duration::from_secs(5))
-            .await
-            .ok()
-    })
-    .await;
+    wait_ready(&admin, Duration::from_secs(300)).await;
     (env, nats, host, admin)
 }
 

@@ -199,6 +199,18 @@ where
     }
 }
 
+/// Waits until the admin endpoint at `admin` (`host:port`) answers `/readyz` with 200: every
+/// consumer bound, NATS and PostgreSQL reachable.
+pub async fn wait_ready(admin: &str, timeout: Duration) {
+    let readyz = format!("http://{admin}/readyz");
+    wait_until(timeout, "/readyz to answer 200", || async {
+        idemhost::admin::probe(&readyz, Duration::from_secs(5))
+            .await
+            .ok()
+    })
+    .await;
+}
+
 /// Path of a built guest plugin (`scripts/build-plugins.sh` builds them).
 pub fn plugin_path(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
