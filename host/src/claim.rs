@@ -15,55 +15,18 @@ use crate::config::{ConsumerConfig, Isolation};
 use crate::failpoint;
 use crate::handler::{Handler, HandlerError, Message};
 use crate::outbox::Origin;
-use crate::pg::{self, Connections, FailureKind, Tx};
-use crate::txn::TxHandle;
+use crate::pg::{self, Connections, FailureKind, Tx, Wall};
+use crate::txn::{Deadline, TxHandle};
 
-/// The seed's claim for one id: `$1` the consumer, `$2` the id.
-macro_rules! claim_one {
-    () => {
-        "INSERT INTO processed_message (consumer_name, message_id) \
-         VALUES ($1, $2) \
-         ON CONFLICT DO NOTHING \
-         RETURNING message_id"
-    };
-}
-
-/// The claim for a batch: `$2` the ids, inserted in sorted order.
-macro_rules! claim_all {
-    () => {
-        "INSERT INTO processed_message (consumer_name, message_id) \
-         SELECT $1, id FROM unnest($2::text[]) AS id ORDER BY id \
-         ON CONFLICT DO NOTHING \
-         RETURNING message_id"
-    };
-}
-
-/// `claim` that also records, beside each marker it inserted, plugin version `$3`.
-macro_rules! recording {
-    ($claim:expr) => {
-        concat!(
-            "WITH claimed AS (",
-            $claim,
-            "), recorded AS (\
-             INSERT INTO processed_message_handler (consumer_name, message_id, plugin_digest) \
-             SELECT $1, message_id, $3 FROM claimed) \
-             SELECT message_id FROM claimed"
-        )
-    };
-}
-
-/// The claim statement of the pattern, verbatim: one row back means this transaction owns the
-/// message, none means a committed duplicate.
-pub const CLAIM_SQL: &str = claim_one!();
-/// [`CLAIM_SQL`] that also records which plugin version applies the message, beside the
-/// marker and in the same round trip: the record exists exactly when the claim inserted a row.
-pub const CLAIM_RECORDING_SQL: &str = recording!(claim_one!());
-/// The claim of a whole group-commit batch in one statement: the rows back are the ids this
-/// transaction now owns. Ids are inserted in sorted order, so two batches claiming common ids
-/// take their locks in the same order; an id twice in the batch is claimed once.
-pub const CLAIM_ALL_SQL: &str = claim_all!();
-/// [`CLAIM_ALL_SQL`] recording the plugin version, as [`CLAIM_RECORDING_SQL`] does.
-pub const CLAIM_ALL_RECORDING_SQL: &str = recording!(claim_all!());
+/// The pattern's claim statement, verbatim: one row back means this transaction owns the
+/// message, none means a committed duplicate. The host runs it inside the `SECURITY DEFINER`
+/// function `idemhost_claim` (migration 0006) with the consumer and id bound as parameters,
+/// recording the plugin version beside a new marker in the same call; a group-commit batch
+/// claims its ids in one `INSERT ... SELECT ... FROM unnest(ids) ORDER BY id` the same way.
+pub const CLAIM_SQL: &str = "INSERT INTO processed_message (consumer_name, message_id) \
+     VALUES ($1, $2) \
+     ON CONFLICT DO NOTHING \
+     RETURNING message_id";
 
 /// What became of one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,8 +123,12 @@ pub struct ClaimSettings {
     pub isolation: Isolation,
     pub statement_timeout: Duration,
     pub tx_max_attempts: u32,
-    /// Role the handler's statements run as (validated as a plain identifier).
-    pub role: Option<String>,
+    /// Wall-clock budget of one handler call (`handler_timeout`): a plugin statement still
+    /// running past it is stopped on the server and the attempt fails. `None`: unbounded
+    /// (native handlers embedded without one).
+    pub attempt_timeout: Option<Duration>,
+    /// Subjects the handler may publish to through the outbox (`publish_subjects`).
+    pub publish_subjects: Arc<[String]>,
     /// First retry delay ceiling; doubles each retry up to `retry_cap` (full jitter).
     pub retry_base: Duration,
     pub retry_cap: Duration,
@@ -179,7 +146,8 @@ impl ClaimSettings {
             isolation: c.isolation,
             statement_timeout: c.statement_timeout(),
             tx_max_attempts: c.tx_max_attempts,
-            role: c.role.clone(),
+            attempt_timeout: Some(c.handler_timeout.0),
+            publish_subjects: Arc::from(c.publish_subjects.clone()),
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
             keep_connections: c.max_in_flight as usize,
@@ -193,7 +161,8 @@ impl ClaimSettings {
             isolation,
             statement_timeout: Duration::from_secs(5),
             tx_max_attempts: 5,
-            role: None,
+            attempt_timeout: Some(Duration::from_secs(5)),
+            publish_subjects: Arc::from(Vec::new()),
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
             keep_connections: 0,
@@ -203,10 +172,13 @@ impl ClaimSettings {
 
 /// Runs deliveries of one consumer through claim, handler and commit.
 pub struct Claimer {
+    /// Connections deliveries run on: logged in as the plugin's role (see [`pg::wall`]), or
+    /// the host's own for an embedded native handler.
     connections: Arc<Connections>,
+    /// The host's own role: the host key, marker lookups, stopping a statement at its deadline.
+    host_pool: PgPool,
     settings: ClaimSettings,
-    /// `BEGIN ...; SET LOCAL statement_timeout = ...` in one round trip.
-    begin_sql: String,
+    wall: tokio::sync::OnceCell<Arc<Wall>>,
 }
 
 /// Why an attempt did not commit.
@@ -279,17 +251,38 @@ fn judge(
 }
 
 impl Claimer {
+    /// Deliveries on connections of `pool`'s own role: for native handlers embedded in a
+    /// program (trusted code). Plugins get [`Claimer::with_plugin_pool`].
     pub fn new(pool: PgPool, settings: ClaimSettings) -> Self {
-        let begin_sql = format!(
-            "BEGIN ISOLATION LEVEL {}; SET LOCAL statement_timeout = {}",
-            settings.isolation.sql(),
-            settings.statement_timeout.as_millis().max(1)
-        );
+        Self::with_plugin_pool(pool.clone(), pool, settings)
+    }
+
+    /// Deliveries on connections of `plugin_pool` (logged in as the consumer's role); the
+    /// host's own statements outside a delivery on `host_pool`.
+    pub fn with_plugin_pool(host_pool: PgPool, plugin_pool: PgPool, settings: ClaimSettings) -> Self {
         Claimer {
-            connections: Connections::new(pool, settings.keep_connections),
+            connections: Connections::new(plugin_pool, settings.keep_connections),
+            host_pool,
             settings,
-            begin_sql,
+            wall: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The host key and function names, read once from the host's pool.
+    async fn wall(&self) -> Result<Arc<Wall>, AttemptFailure> {
+        self.wall
+            .get_or_try_init(|| async {
+                let s = &self.settings;
+                Wall::load(&self.host_pool, s.isolation, s.statement_timeout)
+                    .await
+                    .map(Arc::new)
+            })
+            .await
+            .cloned()
+            .map_err(|e| AttemptFailure {
+                cause: Rollback::Connection,
+                ..AttemptFailure::db("failed to read the host key", &e)
+            })
     }
 
     pub fn settings(&self) -> &ClaimSettings {
@@ -303,7 +296,7 @@ impl Claimer {
         )
         .bind(&self.settings.consumer_name)
         .bind(id)
-        .fetch_one(self.connections.pool())
+        .fetch_one(&self.host_pool)
         .await
     }
 
@@ -381,157 +374,135 @@ impl Claimer {
         msg: &Message,
         timing: &mut Timing,
     ) -> Result<Outcome, AttemptFailure> {
-        let (tx, claimed) = match self.begin_claimed(handler, msg, timing).await {
-            Some(begun) => begun?,
-            None => {
-                let mut tx = self.begin().await?;
-                let claimed = self.claim(&mut tx, handler, msg, timing).await;
-                (
-                    tx,
-                    claimed.map_err(|e| AttemptFailure::db("failed to claim marker", &e))?,
-                )
+        let wall = self.wall().await?;
+        let mut tx = self.begin(&wall).await?;
+        let claimed = self.claim(&mut tx, &wall, handler, msg, timing).await;
+        let (claimed, backend_pid) = match claimed {
+            Ok(c) => c,
+            Err(e) => {
+                rollback(tx).await;
+                return Err(AttemptFailure::db("failed to claim marker", &e));
             }
         };
-        match claimed {
-            false => tx
-                .commit()
+        if !claimed {
+            return tx
+                .commit_with(&wall.commit_sql)
                 .await
                 .map(|()| Outcome::Duplicate)
-                .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e)),
-            true => {
-                let (mut tx, failure) = self.lend(tx, handler, msg, timing).await?;
-                if let Some(failure) = failure {
-                    rollback(tx).await;
-                    return Err(failure);
-                }
-                self.reset_role(&mut tx).await?;
-                failpoint::hit("before_commit");
-                tx.commit()
-                    .await
-                    .map(|()| Outcome::Applied)
-                    .map_err(|e| AttemptFailure::db("failed to commit", &e))
-            }
+                .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e));
         }
-    }
-
-    /// Opens a transaction at the consumer's isolation, with its statement timeout.
-    async fn begin(&self) -> Result<Tx, AttemptFailure> {
-        self.connections
-            .begin(&self.begin_sql)
+        let (tx, failure) = self
+            .lend(tx, &wall, backend_pid, handler, msg, timing)
+            .await?;
+        if let Some(failure) = failure {
+            rollback(tx).await;
+            return Err(failure);
+        }
+        failpoint::hit("before_commit");
+        tx.commit_with(&wall.commit_sql)
             .await
-            .map(|(tx, _)| tx)
-            .map_err(|e| AttemptFailure {
-                cause: Rollback::Connection,
-                ..AttemptFailure::db("failed to begin transaction", &e)
-            })
+            .map(|()| Outcome::Applied)
+            .map_err(|e| AttemptFailure::db("failed to commit", &e))
     }
 
-    /// Opens the transaction and claims `msg` in the same round trip: `BEGIN`, `SET LOCAL` and
-    /// the claim statement sent as one simple query, the values written as escaped literals.
-    /// `None` when `msg`'s id cannot be written so (see [`pg::literal`]).
-    async fn begin_claimed(
-        &self,
-        handler: &dyn Handler,
-        msg: &Message,
-        timing: &mut Timing,
-    ) -> Option<Result<(Tx, bool), AttemptFailure>> {
-        let digest = handler.digest();
-        let mut values = vec![
-            pg::literal(&self.settings.consumer_name)?,
-            pg::literal(&msg.id)?,
-        ];
-        if let Some(digest) = digest {
-            values.push(pg::literal(digest)?);
-        }
-        let claim = if digest.is_some() {
-            CLAIM_RECORDING_SQL
-        } else {
-            CLAIM_SQL
-        };
-        let sql = format!("{}; {}", self.begin_sql, pg::with_values(claim, &values));
-        let started = Instant::now();
-        let begun = self.connections.begin(&sql).await;
-        timing.claim = started.elapsed();
-        Some(match begun {
-            Ok((tx, rows)) => Ok((tx, !rows.is_empty())),
-            Err(e @ sqlx::Error::Database(_)) => {
-                Err(AttemptFailure::db("failed to claim marker", &e))
+    /// Opens a transaction at the consumer's isolation, with the session reset and its
+    /// statement timeout (see [`Wall::load`]). A connection whose session cannot be reset
+    /// (SQL-level prepared statements) is closed and another one taken.
+    async fn begin(&self, wall: &Wall) -> Result<Tx, AttemptFailure> {
+        const TRIES: usize = 4;
+        for _ in 0..TRIES {
+            let (tx, rows) = self
+                .connections
+                .begin(&wall.begin_sql)
+                .await
+                .map_err(|e| AttemptFailure {
+                    cause: Rollback::Connection,
+                    ..AttemptFailure::db("failed to begin transaction", &e)
+                })?;
+            let dirty = rows
+                .last()
+                .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 1).ok())
+                .unwrap_or(true);
+            if !dirty {
+                return Ok(tx);
             }
-            Err(e) => Err(AttemptFailure {
-                cause: Rollback::Connection,
-                ..AttemptFailure::db("failed to begin transaction", &e)
-            }),
+            debug!("a session with state the reset cannot undo; its connection is closed");
+            // Dropped unfinished: the connection is closed, never reused.
+            drop(tx);
+        }
+        Err(AttemptFailure {
+            kind: FailureKind::Retryable,
+            cause: Rollback::Connection,
+            reason: "no connection with a clean session".into(),
         })
     }
 
-    /// Runs the claim statement (recording the plugin version of `handler`, if it has one);
-    /// whether this transaction now owns the marker.
+    /// Claims `msg`'s marker through the host's function, the consumer, id and plugin version
+    /// bound as parameters (never written into the SQL text); whether this transaction now
+    /// owns the marker, and the session's backend (to stop it at the deadline).
     async fn claim(
         &self,
         tx: &mut Tx,
+        wall: &Wall,
         handler: &dyn Handler,
         msg: &Message,
         timing: &mut Timing,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<(bool, i32), sqlx::Error> {
         let started = Instant::now();
-        let digest = handler.digest();
-        let sql = if digest.is_some() {
-            CLAIM_RECORDING_SQL
-        } else {
-            CLAIM_SQL
-        };
-        let mut query = sqlx::query(sql)
+        let claimed = sqlx::query_as::<_, (bool, i32)>(sqlx::AssertSqlSafe(wall.claim_sql.clone()))
+            .bind(&wall.key)
             .bind(&self.settings.consumer_name)
-            .bind(&msg.id);
-        if let Some(digest) = digest {
-            query = query.bind(digest);
-        }
-        let claimed = query.fetch_optional(&mut **tx).await;
+            .bind(&msg.id)
+            .bind(handler.digest())
+            .fetch_one(&mut **tx)
+            .await;
         timing.claim = started.elapsed();
-        claimed.map(|row| row.is_some())
+        claimed
     }
 
-    /// Claims all of `ids` in one statement (see [`CLAIM_ALL_SQL`]); the ids this transaction
-    /// now owns.
+    /// Claims all of `ids` in one statement (see [`CLAIM_SQL`]); the ids this transaction now
+    /// owns, and the session's backend.
     async fn claim_all(
         &self,
         tx: &mut Tx,
+        wall: &Wall,
         handler: &dyn Handler,
         ids: &[&str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        let digest = handler.digest();
-        let sql = if digest.is_some() {
-            CLAIM_ALL_RECORDING_SQL
-        } else {
-            CLAIM_ALL_SQL
-        };
-        let mut query = sqlx::query_scalar(sql)
-            .bind(&self.settings.consumer_name)
-            .bind(ids);
-        if let Some(digest) = digest {
-            query = query.bind(digest);
-        }
-        query.fetch_all(&mut **tx).await
+    ) -> Result<(Vec<String>, i32), sqlx::Error> {
+        let claimed: Vec<Option<String>> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(wall.claim_all_sql.clone()))
+                .bind(&wall.key)
+                .bind(&self.settings.consumer_name)
+                .bind(ids)
+                .bind(handler.digest())
+                .fetch_all(&mut **tx)
+                .await?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok((claimed.into_iter().flatten().collect(), pid))
     }
 
-    /// Lends the claimed transaction to the handler (as the consumer's role, if any) and takes
-    /// it back, with the reason it must roll back if it must.
+    /// Lends the claimed transaction to the handler and takes it back, with the reason it
+    /// must roll back if it must.
     async fn lend(
         &self,
-        mut tx: Tx,
+        tx: Tx,
+        wall: &Arc<Wall>,
+        backend_pid: i32,
         handler: &dyn Handler,
         msg: &Message,
         timing: &mut Timing,
     ) -> Result<(Tx, Option<AttemptFailure>), AttemptFailure> {
         failpoint::hit("after_claim");
-        if let Some(role) = &self.settings.role {
-            pg::set_role(&mut tx, Some(role))
-                .await
-                .map_err(|e| AttemptFailure::db("failed to set the handler's role", &e))?;
-        }
         let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers)
-            .with_role(self.settings.role.clone());
-        let handle = TxHandle::new(tx, origin);
+            .allowing(self.settings.publish_subjects.clone());
+        let deadline = self.settings.attempt_timeout.map(|budget| Deadline {
+            at: tokio::time::Instant::now() + budget,
+            host_pool: self.host_pool.clone(),
+            backend_pid,
+        });
+        let handle = TxHandle::new(tx, origin, wall.clone(), deadline);
         let started = Instant::now();
         let result = handler
             .handle(&handle, msg)
@@ -542,19 +513,12 @@ impl Claimer {
         let tx = tx.ok_or_else(|| AttemptFailure {
             kind: FailureKind::Retryable,
             cause: Rollback::Connection,
-            reason: "transaction lost during the handler".into(),
+            reason: poison.as_ref().map_or_else(
+                || "transaction lost during the handler".into(),
+                |p| p.reason.clone(),
+            ),
         })?;
         Ok((tx, judge(result, poison)))
-    }
-
-    /// Back to the host's role after the handler ran as `consumer.role`.
-    async fn reset_role(&self, tx: &mut Tx) -> Result<(), AttemptFailure> {
-        if self.settings.role.is_some() {
-            pg::set_role(tx, None)
-                .await
-                .map_err(|e| AttemptFailure::db("failed to reset the handler's role", &e))?;
-        }
-        Ok(())
     }
 }
 
@@ -570,20 +534,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn claim_statements_are_the_seeds_insert() {
+    fn the_claim_is_the_patterns_insert() {
         assert_eq!(
             CLAIM_SQL,
             "INSERT INTO processed_message (consumer_name, message_id) VALUES ($1, $2) \
              ON CONFLICT DO NOTHING RETURNING message_id"
         );
-        assert_eq!(
-            CLAIM_RECORDING_SQL,
-            format!(
-                "WITH claimed AS ({CLAIM_SQL}), recorded AS (INSERT INTO processed_message_handler \
-                 (consumer_name, message_id, plugin_digest) SELECT $1, message_id, $3 FROM claimed) \
-                 SELECT message_id FROM claimed"
-            )
-        );
-        assert!(CLAIM_ALL_RECORDING_SQL.starts_with(&format!("WITH claimed AS ({CLAIM_ALL_SQL})")));
+        // The function the host calls runs that statement on the bound values.
+        let migration = include_str!("../../migrations/0006_plugin_wall.sql");
+        let body: String = migration.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(body.contains(
+            "INSERT INTO %1$I.processed_message (consumer_name, message_id) VALUES (p_consumer, p_id) \
+             ON CONFLICT DO NOTHING RETURNING message_id INTO claimed;"
+        ));
     }
 }

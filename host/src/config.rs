@@ -367,11 +367,28 @@ pub struct ConsumerConfig {
     /// (or the `--effect-param` given); one or more rows means the effect exists.
     #[serde(default)]
     pub effect_query: Option<String>,
-    /// PostgreSQL role the handler's statements run as (`SET LOCAL ROLE` after the claim,
-    /// `RESET ROLE` before the host's own writes): grant it only the tables this consumer may
-    /// touch. The host's login role must be a member of it. Absent: the host's role.
+    /// PostgreSQL role the plugin's connections log in as: its SQL can reach only what this
+    /// role was granted, and no statement can make it act as another role. Absent: the host
+    /// derives `idemhost_<schema>_<name>` and creates it (if its own role may create roles;
+    /// otherwise it refuses to start and prints what to run). The host refuses a role that is a
+    /// superuser, may create roles or databases, bypasses RLS, replicates, is a member of a
+    /// role that may, owns or may touch the host's tables. See SECURITY.md.
     #[serde(default)]
     pub role: Option<String>,
+    /// Password of `role`, when the server asks for one (`IDEMHOST_CONSUMER__<i>__ROLE_PASSWORD`).
+    /// The host's own password is never sent for the plugin's role.
+    #[serde(default)]
+    pub role_password: Option<String>,
+    /// Tables (`name` in `postgres.schema`, or `schema.name`) the host grants the plugin's role
+    /// SELECT, INSERT, UPDATE and DELETE on at start, with USAGE on the schema's sequences.
+    /// Grant anything else yourself.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Subjects the plugin may publish to through the outbox (NATS patterns: `*` one token,
+    /// `>` the rest). Empty: the plugin may not publish. `$`-subjects (JetStream API, KV,
+    /// object store) are refused whatever this says.
+    #[serde(default)]
+    pub publish_subjects: Vec<String>,
     /// Per-key ordering within this process: deliveries with the same key run one at a time in
     /// arrival (stream) order; a retryable failure is retried in place and blocks only its key.
     #[serde(default)]

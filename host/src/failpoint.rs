@@ -6,13 +6,27 @@
 //! `after_commit_before_ack`, `outbox_after_publish` (the relay, after JetStream acknowledged
 //! a batch and before its rows are deleted).
 
-/// Kills the process with SIGKILL if `name` is the selected failpoint.
+/// Whether `name` is the selected failpoint. Besides the crash points, `ungated` turns the
+/// SQL gate off, so the plugin-wall tests can show what PostgreSQL's walls hold on their own.
 #[cfg(feature = "failpoints")]
-pub fn hit(name: &str) {
+pub fn selected(name: &str) -> bool {
     use std::sync::OnceLock;
     static SELECTED: OnceLock<Option<String>> = OnceLock::new();
     let selected = SELECTED.get_or_init(|| std::env::var("IDEMHOST_FAILPOINT").ok());
-    if selected.as_deref() == Some(name) {
+    selected.as_deref() == Some(name)
+}
+
+/// Failpoints are compiled out of this build.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn selected(_name: &str) -> bool {
+    false
+}
+
+/// Kills the process with SIGKILL if `name` is the selected failpoint.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    if selected(name) {
         eprintln!("idemhost: failpoint {name} reached, killing the process");
         // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
         unsafe {

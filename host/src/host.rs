@@ -212,12 +212,30 @@ impl Host {
         let mut runtimes = Vec::new();
         for c in &config.consumers {
             let mut settings = ClaimSettings::for_consumer(c);
-            settings.keep_connections = kept_connections(
-                c.max_in_flight,
-                total_in_flight,
-                config.postgres.max_connections,
-            );
-            let claimer = Claimer::new(pool.clone(), settings);
+            let claimer = if native.contains_key(&c.name) {
+                // The embedding program's own (trusted) code: on the host's pool.
+                settings.keep_connections = kept_connections(
+                    c.max_in_flight,
+                    total_in_flight,
+                    config.postgres.max_connections,
+                );
+                Claimer::new(pool.clone(), settings)
+            } else {
+                // A plugin: its own pool, logged in as its consumer's role (SECURITY.md).
+                let role = pg::wall::plugin_role(&config.postgres, c);
+                pg::wall::provision(&pool, c, &role).await?;
+                let size = c.max_in_flight.max(1);
+                let plugin_pool = pg::wall::role_pool(
+                    &config.postgres,
+                    &role,
+                    c.role_password.as_deref(),
+                    size,
+                )
+                .await?;
+                settings.keep_connections = size as usize;
+                info!(consumer = %c.name, %role, connections = size, "plugin role ready");
+                Claimer::with_plugin_pool(pool.clone(), plugin_pool, settings)
+            };
             let slot = registry
                 .slot(&c.name)
                 .cloned()

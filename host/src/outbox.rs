@@ -8,6 +8,10 @@
 
 pub mod relay;
 
+use std::sync::Arc;
+
+use crate::pg::{Tx, Wall};
+
 /// Events one delivery may publish.
 pub const MAX_EVENTS_PER_DELIVERY: u32 = 1000;
 /// Largest event payload (NATS's default `max_payload`).
@@ -29,8 +33,9 @@ pub struct Origin {
     pub consumer: String,
     pub message_id: String,
     pub trace: Vec<(String, String)>,
-    /// The handler's role (`consumer.role`), if any: the host writes the outbox row as itself.
-    pub role: Option<String>,
+    /// Subject patterns the handler may publish to (`consumer.publish_subjects`); empty:
+    /// none.
+    pub allowed_subjects: Arc<[String]>,
 }
 
 impl Origin {
@@ -44,13 +49,16 @@ impl Origin {
                 .filter(|(k, _)| PROPAGATED.iter().any(|p| p.eq_ignore_ascii_case(k)))
                 .cloned()
                 .collect(),
-            role: None,
+            allowed_subjects: Arc::from(Vec::new()),
         }
     }
 
-    /// The same origin, for a handler running as `role`.
-    pub fn with_role(self, role: Option<String>) -> Self {
-        Origin { role, ..self }
+    /// The same origin, for a handler allowed to publish to `patterns`.
+    pub fn allowing(self, patterns: Arc<[String]>) -> Self {
+        Origin {
+            allowed_subjects: patterns,
+            ..self
+        }
     }
 }
 
@@ -68,6 +76,16 @@ pub fn event_headers(
     payload: &[u8],
 ) -> Result<Vec<(String, String)>, String> {
     check_subject(subject)?;
+    if !origin
+        .allowed_subjects
+        .iter()
+        .any(|p| subject_matches(p, subject))
+    {
+        return Err(format!(
+            "subject {subject:?} is not one this consumer may publish to (consumer.publish_subjects: {:?})",
+            origin.allowed_subjects
+        ));
+    }
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(format!(
             "event payload is {} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit",
@@ -86,10 +104,9 @@ pub fn event_headers(
             return Err(format!("invalid value of event header {name}"));
         }
         let lower = name.to_ascii_lowercase();
-        if lower.starts_with("nats-")
-            || lower == "idemhost-message-id"
-            || lower == CAUSATION_HEADER.to_ascii_lowercase()
-        {
+        // `Nats-*` steer the broker (ids, expected stream or sequence, rollups, TTLs);
+        // `Idemhost-*` are the host's (message id, causation, failure reason).
+        if lower.starts_with("nats-") || lower.starts_with("idemhost-") {
             return Err(format!(
                 "event header {name} is set by the host (ids derive from the source message)"
             ));
@@ -105,6 +122,10 @@ pub fn event_headers(
     Ok(out)
 }
 
+/// Prefixes never published to from a plugin: the server's and JetStream's API (`$JS`, `$KV`,
+/// `$O`, `$SYS`, ...) and request inboxes (replies a client waits for).
+const RESERVED_PREFIXES: [&str; 3] = ["$", "_INBOX.", "_R_."];
+
 fn check_subject(subject: &str) -> Result<(), String> {
     let bad = subject.is_empty()
         || subject.len() > MAX_SUBJECT_BYTES
@@ -117,39 +138,71 @@ fn check_subject(subject: &str) -> Result<(), String> {
             "invalid event subject {subject:?}: a literal NATS subject (no wildcards, no spaces, at most {MAX_SUBJECT_BYTES} bytes)"
         ));
     }
+    if RESERVED_PREFIXES.iter().any(|p| subject.starts_with(p)) {
+        return Err(format!(
+            "event subject {subject:?} is reserved (`$` subjects and request inboxes are never published from a plugin)"
+        ));
+    }
     Ok(())
 }
 
-/// Writes event `seq` of `origin` in `tx`.
+/// Checks a `publish_subjects` pattern: NATS tokens, `*` for one, `>` only last, never a
+/// reserved prefix.
+pub fn check_pattern(pattern: &str) -> Result<(), String> {
+    let tokens: Vec<&str> = pattern.split('.').collect();
+    let bad = pattern.is_empty()
+        || pattern.chars().any(|c| c.is_whitespace() || c.is_control())
+        || tokens.iter().any(|t| t.is_empty())
+        || tokens[..tokens.len() - 1].contains(&">");
+    if bad {
+        return Err(format!(
+            "{pattern:?} is not a NATS subject pattern (tokens separated by `.`, `*` for one token, `>` last)"
+        ));
+    }
+    if RESERVED_PREFIXES.iter().any(|p| pattern.starts_with(p)) {
+        return Err(format!(
+            "{pattern:?} is reserved: `$` subjects (JetStream API, KV, object store) and inboxes are never allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether literal `subject` matches NATS `pattern`.
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut subject_tokens = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, subject_tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (p, Some(t)) if p == t => {}
+            _ => return false,
+        }
+    }
+    subject_tokens.next().is_none()
+}
+
+/// Writes event `seq` of `origin` in `tx`, through the host's function (the plugin's role has
+/// no right on `outbox_message`).
 pub async fn insert(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut Tx,
+    wall: &Wall,
     origin: &Origin,
     seq: u32,
     subject: &str,
     headers: &[(String, String)],
     payload: &[u8],
 ) -> Result<(), sqlx::Error> {
-    // A handler with its own role has no rights on the host's table: the host writes as itself.
-    if origin.role.is_some() {
-        crate::pg::set_role(tx, None).await?;
-    }
-    sqlx::query(
-        "INSERT INTO outbox_message \
-         (consumer_name, source_message_id, seq, subject, headers, payload) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(&origin.consumer)
-    .bind(&origin.message_id)
-    .bind(seq as i32)
-    .bind(subject)
-    .bind(sqlx::types::Json(headers))
-    .bind(payload)
-    .execute(&mut *tx)
-    .await?;
-    if let Some(role) = &origin.role {
-        crate::pg::set_role(tx, Some(role)).await?;
-    }
-    Ok(())
+    sqlx::query(sqlx::AssertSqlSafe(wall.outbox_sql.clone()))
+        .bind(&wall.key)
+        .bind(&origin.consumer)
+        .bind(&origin.message_id)
+        .bind(seq as i32)
+        .bind(subject)
+        .bind(sqlx::types::Json(headers))
+        .bind(payload)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
 }
 
 #[cfg(test)]
@@ -157,6 +210,7 @@ mod tests {
     use super::*;
 
     fn origin() -> Origin {
+        let everything: Arc<[String]> = Arc::from(vec![">".to_string()]);
         Origin::new(
             "inventory-v1",
             "evt-1",
@@ -165,6 +219,7 @@ mod tests {
                 ("traceparent".into(), "00-ab-cd-01".into()),
             ],
         )
+        .allowing(everything)
     }
 
     #[test]
@@ -210,5 +265,33 @@ mod tests {
         let h = [("X".to_string(), "a\r\nb".to_string())];
         assert!(event_headers(&o, "x", &h, b"").is_err());
         assert!(event_headers(&o, "x", &[], &vec![0; MAX_PAYLOAD_BYTES + 1]).is_err());
+    }
+
+    #[test]
+    fn only_allowed_subjects_are_published() {
+        let o = origin();
+        for subject in [
+            "$JS.API.STREAM.DELETE.ORDERS",
+            "$KV.plugins.inventory",
+            "$O.store.x",
+            "$SYS.REQ.SERVER.PING",
+            "_INBOX.abc",
+        ] {
+            assert!(event_headers(&o, subject, &[], b"").is_err(), "{subject}");
+        }
+        let narrow = origin().allowing(Arc::from(vec!["orders.*".to_string(), "audit.>".to_string()]));
+        assert!(event_headers(&narrow, "orders.placed", &[], b"").is_ok());
+        assert!(event_headers(&narrow, "audit.a.b", &[], b"").is_ok());
+        for subject in ["orders.placed.x", "orders", "audit", "payments.x"] {
+            assert!(event_headers(&narrow, subject, &[], b"").is_err(), "{subject}");
+        }
+        let none = Origin::new("c", "m", &[]);
+        assert!(event_headers(&none, "orders.placed", &[], b"").is_err());
+        for p in ["$JS.>", ">.a", "a..b", "", "$KV.*.*", "_INBOX.>"] {
+            assert!(check_pattern(p).is_err(), "{p:?}");
+        }
+        for p in ["a", "a.*", "a.>", ">", "*.b"] {
+            assert!(check_pattern(p).is_ok(), "{p:?}");
+        }
     }
 }

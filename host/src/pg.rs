@@ -10,7 +10,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use crate::config::PostgresConfig;
 
 mod tx;
+pub mod wall;
 pub use tx::{Connections, Tx};
+pub use wall::Wall;
 
 /// What to do about a failed database operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,23 +106,6 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// Applies the host's migrations (idempotent; concurrent hosts serialize on sqlx's lock),
 /// creating the configured schema first when it does not exist yet.
-/// Switches the transaction's role: to `role` (`SET LOCAL ROLE`, until the transaction ends),
-/// or back to the session's own (`RESET ROLE`) with `None`. `role` is a plain identifier
-/// (validated by the config); it is quoted all the same.
-pub async fn set_role(
-    conn: &mut sqlx::PgConnection,
-    role: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    let sql = match role {
-        Some(role) => format!("SET LOCAL ROLE \"{role}\""),
-        None => "RESET ROLE".to_string(),
-    };
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .execute(conn)
-        .await
-        .map(|_| ())
-}
-
 pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
     if let Some(schema) = schema {
         // The name is validated as a plain identifier by the config; quoting keeps it exact.

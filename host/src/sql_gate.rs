@@ -1,6 +1,8 @@
 //! What plugin SQL may do: which statements pass the gate, how `sql-value` parameters bind and
-//! how result columns convert back. Deny by default: one data statement per call, nothing that
-//! controls the transaction or the session, nothing that touches the marker table.
+//! how result columns convert back. Deny by default, judged on PostgreSQL's own parse tree: one
+//! data statement per call, nothing that controls the transaction or the session, nothing that
+//! names the host's tables. The gate is a guard; the wall is the plugin's login role (see
+//! SECURITY.md).
 
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArguments, PgRow, PgTypeInfo, PgValueRef, Postgres};
@@ -19,22 +21,32 @@ pub enum SqlValue {
     Json(String),
 }
 
-/// Statements a plugin may start with. Everything else (transaction control, `SET`, `RESET`,
-/// `LOCK`, `LISTEN`, `COPY`, DDL, `DO`, `CALL`, `PREPARE`...) is refused.
-const ALLOWED_FIRST_WORDS: &[&str] = &[
-    "select", "insert", "update", "delete", "with", "values", "merge", "table",
-];
-
-/// Identifiers refused anywhere in a statement: the host's tables (only the host claims
-/// markers, records plugin versions, audits repairs and writes the outbox — plugins publish
-/// through `tx.publish`), functions that change session settings or outlive the transaction (session-level
-/// advisory locks stay on a pooled connection), and server-side file or process access.
-const REFUSED_WORDS: &[&str] = &[
+/// The host's relations. A plugin statement naming one, in any spelling the parser accepts, is
+/// refused; the wall behind this guard is that the plugin's role has no privilege on them.
+pub(crate) const HOST_RELATIONS: &[&str] = &[
     "processed_message",
     "processed_message_handler",
     "dead_letter_repair",
     "outbox_message",
+    "outbox_message_id_seq",
+    "idemhost_key",
+];
+
+/// Functions refused by name (in any schema): they run SQL text of their own, change settings,
+/// take session-level advisory locks that outlive the transaction, reach files, large objects,
+/// the server's processes or other sessions, or are the host's own.
+const REFUSED_FUNCTIONS: &[&str] = &[
     "set_config",
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "cursor_to_xml",
+    "cursor_to_xmlschema",
+    "table_to_xml",
+    "table_to_xmlschema",
+    "table_to_xml_and_xmlschema",
+    "ts_stat",
+    "ts_rewrite",
     "pg_advisory_lock",
     "pg_advisory_lock_shared",
     "pg_try_advisory_lock",
@@ -42,17 +54,49 @@ const REFUSED_WORDS: &[&str] = &[
     "pg_advisory_unlock",
     "pg_advisory_unlock_shared",
     "pg_advisory_unlock_all",
-    "pg_terminate_backend",
+    "pg_notify",
     "pg_cancel_backend",
+    "pg_terminate_backend",
     "pg_reload_conf",
-    "pg_read_file",
-    "pg_read_binary_file",
-    "pg_ls_dir",
+    "pg_rotate_logfile",
+    "pg_switch_wal",
+    "pg_promote",
     "pg_stat_file",
-    "lo_import",
-    "lo_export",
+    "pg_current_logfile",
+    "loread",
+    "lowrite",
     "dblink",
-    "dblink_exec",
+];
+
+/// Prefixes of refused function names (see [`REFUSED_FUNCTIONS`]).
+const REFUSED_FUNCTION_PREFIXES: &[&str] = &[
+    "idemhost_",
+    "lo_",
+    "pg_read_",
+    "pg_ls_",
+    "pg_file_",
+    "pg_create_",
+    "pg_drop_",
+    "pg_replication_",
+    "pg_logical_",
+    "pg_backup_",
+    "pg_stat_reset",
+    "pg_log_",
+    "pg_import_",
+    "schema_to_",
+    "database_to_",
+    "dblink_",
+    "binary_upgrade_",
+];
+
+/// Statement kinds a plugin may run (every spelling of a query or a data change: `WITH`,
+/// `VALUES` and `TABLE` parse to these).
+const ALLOWED_STATEMENTS: &[&str] = &[
+    "SelectStmt",
+    "InsertStmt",
+    "UpdateStmt",
+    "DeleteStmt",
+    "MergeStmt",
 ];
 
 /// Bounds on what one `query` may return to a plugin.
@@ -60,159 +104,124 @@ pub(crate) const MAX_ROWS: usize = 10_000;
 pub(crate) const MAX_RESULT_BYTES: usize = 16 << 20;
 /// Longest SQL text a plugin may send.
 pub(crate) const MAX_SQL_BYTES: usize = 64 << 10;
+/// Deepest parse tree walked (a deeper one is refused, not recursed into).
+const MAX_DEPTH: usize = 400;
 
-/// Checks a plugin statement; `Err` is the refusal the plugin sees.
+/// Checks a plugin statement on PostgreSQL's own parse tree (libpg_query: the server's
+/// grammar and scanner); `Err` is the refusal the plugin sees. One statement, of an allowed
+/// kind, no `SELECT ... INTO`, no host relation, no refused function — judged on what the
+/// server would parse, so comments, quoting, escapes and case cannot disguise anything.
 pub fn check(sql: &str) -> Result<(), String> {
     if sql.len() > MAX_SQL_BYTES {
         return Err(format!(
             "statement refused: longer than {MAX_SQL_BYTES} bytes"
         ));
     }
-    let words = words(sql)?;
-    let Some(first) = words.first() else {
-        return Err("statement refused: empty statement".into());
+    if crate::failpoint::selected("ungated") {
+        return Ok(());
+    }
+    if sql.contains('\0') {
+        return Err("statement refused: NUL character".into());
+    }
+    let parsed = pg_query::parse(sql)
+        .map_err(|e| format!("statement refused: it does not parse ({e})"))?;
+    let stmts = &parsed.protobuf.stmts;
+    let stmt = match stmts.as_slice() {
+        [] => return Err("statement refused: empty statement".into()),
+        [one] => one,
+        _ => return Err("statement refused: only one statement per call".into()),
     };
-    if !ALLOWED_FIRST_WORDS.contains(&first.as_str()) {
+    let tree = serde_json::to_value(stmt)
+        .map_err(|e| format!("statement refused: parse tree not readable ({e})"))?;
+    let kind = tree
+        .get("stmt")
+        .and_then(|s| s.get("node"))
+        .and_then(serde_json::Value::as_object)
+        .and_then(|o| o.keys().next().cloned())
+        .unwrap_or_default();
+    if !ALLOWED_STATEMENTS.contains(&kind.as_str()) {
         return Err(format!(
-            "statement refused: `{}` is not allowed from a plugin (only SELECT, INSERT, UPDATE, \
-             DELETE, WITH, VALUES, MERGE, TABLE; the host owns the transaction and the session)",
-            first.to_uppercase()
+            "statement refused: {} is not allowed from a plugin (only SELECT, INSERT, UPDATE, \
+             DELETE, MERGE, with WITH, VALUES or TABLE; the host owns the transaction and the \
+             session)",
+            statement_name(&kind)
         ));
     }
-    if let Some(w) = words.iter().find(|w| REFUSED_WORDS.contains(&w.as_str())) {
-        return Err(format!("statement refused: `{w}` is reserved to the host"));
+    walk(&tree, 0)
+}
+
+/// `SelectStmt` → `SELECT`, for refusals.
+fn statement_name(kind: &str) -> String {
+    if kind.is_empty() {
+        return "this statement".into();
+    }
+    kind.trim_end_matches("Stmt").to_uppercase()
+}
+
+/// Refuses the first forbidden node of a parse tree, read as JSON. Nodes are matched by their
+/// fields, not their wrapper (a statement's target relation is a bare `RangeVar` struct, an
+/// expression's is wrapped in `{"RangeVar": ...}`): anything with a `relname` names a relation,
+/// anything with a `funcname` calls a function, an `into_clause` creates a table.
+fn walk(value: &serde_json::Value, depth: usize) -> Result<(), String> {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return Err("statement refused: nested too deeply".into());
+    }
+    match value {
+        Value::Array(items) => items.iter().try_for_each(|v| walk(v, depth + 1)),
+        Value::Object(fields) => {
+            if fields.get("into_clause").is_some_and(|v| !v.is_null()) {
+                return Err("statement refused: SELECT ... INTO creates a table".into());
+            }
+            if fields.contains_key("relname") {
+                check_relation(value)?;
+            }
+            if fields.get("funcname").is_some_and(Value::is_array) {
+                check_function(value)?;
+            }
+            fields.values().try_for_each(|v| walk(v, depth + 1))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_relation(range_var: &serde_json::Value) -> Result<(), String> {
+    let name = range_var
+        .get("relname")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    if HOST_RELATIONS.contains(&name) {
+        return Err(format!("statement refused: `{name}` is reserved to the host"));
     }
     Ok(())
 }
 
-/// Lower-cased identifiers and keywords of `sql`, outside comments and literals, with quoted
-/// identifiers unquoted. A `;` followed by anything but whitespace and comments is refused: one
-/// statement per call.
-fn words(sql: &str) -> Result<Vec<String>, String> {
-    let b = sql.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    let mut ended = false;
-    while i < b.len() {
-        let c = b[i];
-        if c.is_ascii_whitespace() {
-            i += 1;
-            continue;
-        }
-        if c == b'-' && b.get(i + 1) == Some(&b'-') {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-            continue;
-        }
-        if c == b'/' && b.get(i + 1) == Some(&b'*') {
-            // Block comments nest in PostgreSQL.
-            let mut depth = 0usize;
-            while i < b.len() {
-                if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
-                    depth += 1;
-                    i += 2;
-                } else if b[i] == b'*' && b.get(i + 1) == Some(&b'/') {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-            if depth != 0 {
-                return Err("statement refused: unterminated comment".into());
-            }
-            continue;
-        }
-        if ended {
-            return Err("statement refused: only one statement per call".into());
-        }
-        match c {
-            b';' => {
-                ended = true;
-                i += 1;
-            }
-            b'\'' => i = skip_quoted(b, i, b'\'')?,
-            b'"' => {
-                let end = skip_quoted(b, i, b'"')?;
-                out.push(sql[i + 1..end - 1].replace("\"\"", "\"").to_lowercase());
-                i = end;
-            }
-            b'$' if !b.get(i + 1).is_some_and(u8::is_ascii_digit) => {
-                i = skip_dollar_quoted(sql, i)?
-            }
-            c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
-                let start = i;
-                while i < b.len()
-                    && (b[i].is_ascii_alphanumeric()
-                        || b[i] == b'_'
-                        || b[i] == b'$'
-                        || b[i] >= 0x80)
-                {
-                    i += 1;
-                }
-                let word = &sql[start..i];
-                // U&"..." spells an identifier with escapes (`U&"processed\005fmessage"`) this
-                // scan cannot compare; refused. E'...' and U&'...' are literals: the prefix is
-                // not an identifier of interest.
-                if word.eq_ignore_ascii_case("u") && b.get(i) == Some(&b'&') {
-                    let quote = b[i + 1..].iter().find(|c| !c.is_ascii_whitespace());
-                    if quote == Some(&b'"') {
-                        return Err(
-                            "statement refused: U&\"...\" identifiers (Unicode escapes) are not allowed"
-                                .into(),
-                        );
-                    }
-                }
-                out.push(word.to_lowercase());
-            }
-            _ => i += 1,
-        }
+fn check_function(call: &serde_json::Value) -> Result<(), String> {
+    // `funcname` is a list of String nodes: [schema,] name.
+    let name = call
+        .get("funcname")
+        .and_then(serde_json::Value::as_array)
+        .and_then(|parts| parts.last())
+        .map(string_node)
+        .unwrap_or_default();
+    let lower = name.to_lowercase();
+    if REFUSED_FUNCTIONS.contains(&lower.as_str())
+        || REFUSED_FUNCTION_PREFIXES.iter().any(|p| lower.starts_with(p))
+    {
+        return Err(format!(
+            "statement refused: function `{name}` is not available to plugins (it reaches \
+             beyond the delivery's transaction)"
+        ));
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Index just past a literal or quoted identifier opened by `q` at `start` (doubled `q` is an
-/// escaped quote; backslash escapes are only honoured by E'' strings, which cannot hide a quote
-/// from this scan without also being a syntax error for PostgreSQL).
-fn skip_quoted(b: &[u8], start: usize, q: u8) -> Result<usize, String> {
-    let mut i = start + 1;
-    while i < b.len() {
-        if b[i] == b'\\' && q == b'\'' && start > 0 && matches!(b[start - 1], b'e' | b'E') {
-            i += 2;
-            continue;
-        }
-        if b[i] == q {
-            if b.get(i + 1) == Some(&q) {
-                i += 2;
-                continue;
-            }
-            return Ok(i + 1);
-        }
-        i += 1;
-    }
-    Err("statement refused: unterminated quote".into())
-}
-
-/// Index just past a `$tag$ ... $tag$` literal starting at `start`.
-fn skip_dollar_quoted(sql: &str, start: usize) -> Result<usize, String> {
-    let rest = &sql[start + 1..];
-    let Some(close) = rest.find('$') else {
-        return Ok(start + 1);
-    };
-    let tag = &rest[..close];
-    if !tag.chars().all(|c| c.is_alphanumeric() || c == '_') {
-        return Ok(start + 1);
-    }
-    let delimiter = format!("${tag}$");
-    let body_start = start + 1 + close + 1;
-    match sql[body_start..].find(&delimiter) {
-        Some(end) => Ok(body_start + end + delimiter.len()),
-        None => Err("statement refused: unterminated dollar quote".into()),
-    }
+/// The text of a `String` node (`{"node": {"String": {"sval": ...}}}`).
+fn string_node(node: &serde_json::Value) -> String {
+    node.pointer("/node/String/sval")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("")
+        .to_string()
 }
 
 /// A value whose parameter type PostgreSQL infers from the statement (declared OID 0), used for
@@ -361,21 +370,48 @@ mod tests {
     }
 
     #[test]
+    fn spellings_a_scanner_misreads_are_judged_as_postgresql_parses_them() {
+        for sql in [
+            // A `--` comment ends at a carriage return: the second statement is real.
+            "SELECT 1 --x\r; SELECT set_config('role', 'root', false)",
+            "SELECT 1 --\rFROM processed_message",
+            // Typed literal with a backslash: standard strings do not escape it.
+            "SELECT name'\\' , (SELECT count(*) FROM processed_message)",
+            "SELECT * FROM pg_catalog.query_to_xml('select 1', true, true, '')",
+            "SELECT * INTO TEMP processed_message FROM inventory",
+            "SELECT 1 INTO t",
+            "SELECT lo_export(lo_from_bytea(0, 'x'), '/tmp/x')",
+            "SELECT \"public\".\"idemhost_claim\"('k', 'c', 'i', null)",
+            "VALUES ((SELECT set_config('synchronous_commit', 'off', false)))",
+            "TABLE outbox_message",
+            "MERGE INTO idemhost_key k USING inventory i ON true WHEN MATCHED THEN DELETE",
+            "EXPLAIN ANALYZE DELETE FROM inventory",
+            "CREATE TEMP TABLE processed_message (consumer_name text, message_id text)",
+        ] {
+            assert!(check(sql).is_err(), "{sql:?} should be refused");
+        }
+        // `\r` and typed literals are fine where they hide nothing.
+        for sql in ["SELECT 1 --x\r", "SELECT name'\\'", "SELECT 1 FROM inventory FOR UPDATE"] {
+            assert_eq!(check(sql), Ok(()), "{sql:?}");
+        }
+    }
+
+    #[test]
     fn marker_table_and_session_functions_are_refused() {
         for sql in [
             "SELECT * FROM processed_message",
             "delete from public.processed_message",
             "SELECT * FROM \"processed_message\"",
-            "SELECT * FROM \"PROCESSED_MESSAGE\"",
             "select set_config('statement_timeout', '0', true)",
             "select pg_advisory_lock(1)",
+            "select pg_catalog.\"set_config\"('role', 'root', false)",
+            "select * from \"public\" . \"processed_message\"",
             "select pg_read_file('/etc/passwd')",
             "with d as (delete from processed_message returning 1) select 1",
             "update processed_message_handler set plugin_digest = 'x'",
             "delete from dead_letter_repair",
             "insert into outbox_message (subject) values ('x')",
             "DELETE FROM U&\"processed\\005fmessage\"",
-            "delete from u&\"x\"",
         ] {
             assert!(check(sql).is_err(), "{sql} should be refused");
         }

@@ -1,22 +1,36 @@
 //! The per-delivery transaction handle a handler runs its SQL through: statements pass the
-//! gate, bind, and run on this delivery's connection; the first database error poisons the
-//! handle so a handler that swallows it cannot get its aborted transaction committed.
+//! gate, bind, and run on this delivery's connection (logged in as the consumer's role). The
+//! first error of any kind — a database error, a refusal, a cap, a refused publish — poisons the
+//! handle, so a handler that swallows it cannot get a half-done effect committed. Past the
+//! attempt's deadline a statement still running is stopped on the server.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::TryStreamExt;
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use crate::outbox::{self, Origin};
-use crate::pg::{self, FailureKind, Tx};
+use crate::pg::{self, FailureKind, Tx, Wall};
 use crate::sql_gate::{self, SqlValue};
 
-/// A database error seen by a handler, kept so the claim pipeline can classify the attempt.
+/// The first error a handler saw, kept so the claim pipeline can classify the attempt.
 #[derive(Debug, Clone)]
 pub struct Poison {
     pub kind: FailureKind,
     pub reason: String,
+}
+
+/// When the attempt must end, and how to stop a statement still running then: the session's
+/// backend, ended from a connection of the host's own role (the transaction rolls back with
+/// it, its locks are released).
+#[derive(Clone)]
+pub(crate) struct Deadline {
+    pub(crate) at: Instant,
+    pub(crate) host_pool: PgPool,
+    pub(crate) backend_pid: i32,
 }
 
 struct TxState {
@@ -33,10 +47,12 @@ struct TxState {
 pub struct TxHandle {
     state: Arc<Mutex<TxState>>,
     origin: Arc<Origin>,
+    wall: Arc<Wall>,
+    deadline: Option<Deadline>,
 }
 
-/// Error of a handle call. `Refused` and `Database` are data for the handler; `Closed` means the
-/// handle outlived its delivery (a trap for a plugin).
+/// Error of a handle call. `Refused` and `Database` are data for the handler (and fail the
+/// attempt all the same); `Closed` means the handle outlived its delivery (a trap for a plugin).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum TxError {
     #[error("{0}")]
@@ -48,7 +64,12 @@ pub enum TxError {
 }
 
 impl TxHandle {
-    pub(crate) fn new(tx: Tx, origin: Origin) -> Self {
+    pub(crate) fn new(
+        tx: Tx,
+        origin: Origin,
+        wall: Arc<Wall>,
+        deadline: Option<Deadline>,
+    ) -> Self {
         TxHandle {
             state: Arc::new(Mutex::new(TxState {
                 tx: Some(tx),
@@ -56,6 +77,45 @@ impl TxHandle {
                 published: 0,
             })),
             origin: Arc::new(origin),
+            wall,
+            deadline,
+        }
+    }
+
+    /// A refusal: returned to the handler, and the attempt fails.
+    async fn refuse<T>(&self, reason: String) -> Result<T, TxError> {
+        let mut state = self.state.lock().await;
+        state.poison_refused(&reason);
+        Err(TxError::Refused(reason))
+    }
+
+    /// Runs `work` on the transaction, bounded by the attempt's deadline. Past it the future is
+    /// dropped, the connection discarded and its backend ended on the server.
+    async fn bounded<T, F>(&self, state: &mut TxState, work: F) -> Result<T, TxError>
+    where
+        F: AsyncFnOnce(&mut Tx) -> Result<T, sqlx::Error>,
+    {
+        let tx = state.usable()?;
+        let Some(deadline) = &self.deadline else {
+            return work(tx).await.map_err(|e| state.poison_with(&e));
+        };
+        match tokio::time::timeout_at(deadline.at, work(tx)).await {
+            Ok(result) => result.map_err(|e| state.poison_with(&e)),
+            Err(_) => {
+                let reason = "the attempt's deadline passed while the plugin waited on the \
+                              database; its statement was stopped on the server"
+                    .to_string();
+                if state.poison.is_none() {
+                    state.poison = Some(Poison {
+                        kind: FailureKind::Retryable,
+                        reason: reason.clone(),
+                    });
+                }
+                // Dropped mid-statement: the connection is closed, never reused.
+                drop(state.tx.take());
+                stop_backend(deadline.clone());
+                Err(TxError::Database(reason))
+            }
         }
     }
 
@@ -67,91 +127,94 @@ impl TxHandle {
         headers: &[(String, String)],
         payload: &[u8],
     ) -> Result<(), TxError> {
-        let headers = outbox::event_headers(&self.origin, subject, headers, payload)
-            .map_err(TxError::Refused)?;
+        let headers = match outbox::event_headers(&self.origin, subject, headers, payload) {
+            Ok(h) => h,
+            Err(reason) => return self.refuse(reason).await,
+        };
         let mut state = self.state.lock().await;
         let seq = state.published;
         if seq >= outbox::MAX_EVENTS_PER_DELIVERY {
-            return Err(TxError::Refused(format!(
+            let reason = format!(
                 "at most {} events may be published per delivery",
                 outbox::MAX_EVENTS_PER_DELIVERY
-            )));
+            );
+            state.poison_refused(&reason);
+            return Err(TxError::Refused(reason));
         }
-        let conn = state.usable()?;
-        let result = outbox::insert(conn, &self.origin, seq, subject, &headers, payload).await;
-        match result {
-            Ok(()) => {
-                state.published += 1;
-                Ok(())
-            }
-            Err(e) => Err(state.poison_with(&e)),
-        }
+        let (origin, wall) = (&self.origin, &self.wall);
+        self.bounded(&mut state, async |tx: &mut Tx| {
+            outbox::insert(tx, wall, origin, seq, subject, &headers, payload).await
+        })
+        .await?;
+        state.published += 1;
+        Ok(())
     }
 
     /// Runs one statement; returns the rows it affected.
     pub async fn execute(&self, sql: &str, params: &[SqlValue]) -> Result<u64, TxError> {
-        sql_gate::check(sql).map_err(TxError::Refused)?;
-        let args = sql_gate::bind(params).map_err(TxError::Refused)?;
+        let args = match sql_gate::check(sql).and_then(|()| sql_gate::bind(params)) {
+            Ok(args) => args,
+            Err(reason) => return self.refuse(reason).await,
+        };
         let mut state = self.state.lock().await;
-        let conn = state.usable()?;
-        let result = sqlx::query_with(AssertSqlSafe(sql.to_owned()), args)
-            .execute(&mut **conn)
-            .await;
-        match result {
-            Ok(done) => {
-                // The handler has written in this transaction and not returned yet.
-                crate::failpoint::hit("in_handler");
-                Ok(done.rows_affected())
-            }
-            Err(e) => Err(state.poison_with(&e)),
-        }
+        let done = self
+            .bounded(&mut state, async |tx: &mut Tx| {
+                sqlx::query_with(AssertSqlSafe(sql.to_owned()), args)
+                    .execute(&mut **tx)
+                    .await
+            })
+            .await?;
+        // The handler has written in this transaction and not returned yet.
+        crate::failpoint::hit("in_handler");
+        Ok(done.rows_affected())
     }
 
     /// Runs one statement; returns its rows (bounded by [`sql_gate::MAX_ROWS`] rows and
-    /// [`sql_gate::MAX_RESULT_BYTES`] bytes).
+    /// [`sql_gate::MAX_RESULT_BYTES`] bytes; past either bound the attempt fails).
     pub async fn query(
         &self,
         sql: &str,
         params: &[SqlValue],
     ) -> Result<Vec<Vec<SqlValue>>, TxError> {
-        sql_gate::check(sql).map_err(TxError::Refused)?;
-        let args = sql_gate::bind(params).map_err(TxError::Refused)?;
+        let args = match sql_gate::check(sql).and_then(|()| sql_gate::bind(params)) {
+            Ok(args) => args,
+            Err(reason) => return self.refuse(reason).await,
+        };
         let mut state = self.state.lock().await;
-        let conn = state.usable()?;
-        let mut rows = Vec::new();
-        let mut total = 0usize;
-        let outcome: Result<Option<String>, sqlx::Error> = async {
-            let mut stream =
-                sqlx::query_with(AssertSqlSafe(sql.to_owned()), args).fetch(&mut **conn);
-            while let Some(row) = stream.try_next().await? {
-                if rows.len() == sql_gate::MAX_ROWS {
-                    return Ok(Some(format!(
-                        "query returned more than {} rows",
-                        sql_gate::MAX_ROWS
-                    )));
-                }
-                match sql_gate::row_values(&row) {
-                    Ok((values, bytes)) => {
-                        total += bytes;
-                        if total > sql_gate::MAX_RESULT_BYTES {
-                            return Ok(Some(format!(
-                                "query result exceeds {} bytes",
-                                sql_gate::MAX_RESULT_BYTES
-                            )));
-                        }
-                        rows.push(values);
+        let outcome = self
+            .bounded(&mut state, async |tx: &mut Tx| {
+                let mut rows = Vec::new();
+                let mut total = 0usize;
+                let mut stream =
+                    sqlx::query_with(AssertSqlSafe(sql.to_owned()), args).fetch(&mut **tx);
+                while let Some(row) = stream.try_next().await? {
+                    if rows.len() == sql_gate::MAX_ROWS {
+                        return Ok(Err(format!(
+                            "query returned more than {} rows",
+                            sql_gate::MAX_ROWS
+                        )));
                     }
-                    Err(refusal) => return Ok(Some(refusal)),
+                    match sql_gate::row_values(&row) {
+                        Ok((values, bytes)) => {
+                            total += bytes;
+                            if total > sql_gate::MAX_RESULT_BYTES {
+                                return Ok(Err(format!(
+                                    "query result exceeds {} bytes",
+                                    sql_gate::MAX_RESULT_BYTES
+                                )));
+                            }
+                            rows.push(values);
+                        }
+                        Err(refusal) => return Ok(Err(refusal)),
+                    }
                 }
-            }
-            Ok(None)
-        }
-        .await;
-        match outcome {
-            Ok(None) => Ok(rows),
-            Ok(Some(refusal)) => Err(TxError::Refused(refusal)),
-            Err(e) => Err(state.poison_with(&e)),
-        }
+                Ok(Ok(rows))
+            })
+            .await?;
+        outcome.map_err(|reason| {
+            state.poison_refused(&reason);
+            TxError::Refused(reason)
+        })
     }
 
     /// Takes the transaction back for commit or rollback, with the first error a handler saw.
@@ -182,4 +245,41 @@ impl TxState {
         }
         TxError::Database(reason)
     }
+
+    /// A refusal fails the attempt as retryable: a fixed plugin (a hot swap) may cure it.
+    fn poison_refused(&mut self, reason: &str) {
+        if self.poison.is_none() {
+            self.poison = Some(Poison {
+                kind: FailureKind::Retryable,
+                reason: format!("the host refused a plugin request: {reason}"),
+            });
+        }
+    }
+}
+
+/// Ends the backend of a plugin's session whose statement outlived the attempt's deadline, from
+/// the host's own pool (its role is a member of every plugin role it provisioned). In the
+/// background: the delivery does not wait for it.
+fn stop_backend(deadline: Deadline) {
+    tokio::spawn(async move {
+        let ended = tokio::time::timeout(
+            Duration::from_secs(5),
+            sqlx::query_scalar::<_, bool>("SELECT pg_terminate_backend($1)")
+                .bind(deadline.backend_pid)
+                .fetch_one(&deadline.host_pool),
+        )
+        .await;
+        match ended {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                tracing::warn!(pid = deadline.backend_pid, "plugin session already gone")
+            }
+            Ok(Err(e)) => tracing::warn!(
+                pid = deadline.backend_pid,
+                error = %pg::describe(&e),
+                "failed to stop a plugin statement past its deadline"
+            ),
+            Err(_) => tracing::warn!(pid = deadline.backend_pid, "stopping a plugin statement timed out"),
+        }
+    });
 }

@@ -18,13 +18,14 @@
 //! in per-message transactions: their markers decide what (if anything) had committed.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{Instrument, debug, info_span};
 
 use super::{AttemptFailure, Claimer, Outcome, Processed, Rollback, Timing, failpoint, rollback};
 use crate::handler::{Handler, Message};
-use crate::pg::{FailureKind, Tx};
+use crate::pg::{FailureKind, Tx, Wall};
 
 /// One message's result inside a batch that has not committed yet.
 struct Part {
@@ -121,15 +122,18 @@ impl Claimer {
 
     /// The batch without savepoints: all claims in one statement, the handlers, COMMIT.
     async fn optimistic(&self, handler: &dyn Handler, msgs: &[Message]) -> Result<Vec<Part>, Stop> {
-        let mut tx = self.begin().await.map_err(Stop::Batch)?;
+        let wall = self.wall().await.map_err(Stop::Batch)?;
+        let mut tx = self.begin(&wall).await.map_err(Stop::Batch)?;
         let started = Instant::now();
         let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
-        let mut claimed: HashSet<String> = self
-            .claim_all(&mut tx, handler, &ids)
-            .await
-            .map_err(|e| Stop::Batch(AttemptFailure::db("failed to claim markers", &e)))?
-            .into_iter()
-            .collect();
+        let (claimed, pid) = match self.claim_all(&mut tx, &wall, handler, &ids).await {
+            Ok(c) => c,
+            Err(e) => {
+                rollback(tx).await;
+                return Err(Stop::Batch(AttemptFailure::db("failed to claim markers", &e)));
+            }
+        };
+        let mut claimed: HashSet<String> = claimed.into_iter().collect();
         let claim = started.elapsed();
         let mut parts = Vec::with_capacity(msgs.len());
         for (index, msg) in msgs.iter().enumerate() {
@@ -144,7 +148,7 @@ impl Claimer {
                 continue;
             }
             let (back, failure) = self
-                .lend(tx, handler, msg, &mut timing)
+                .lend(tx, &wall, pid, handler, msg, &mut timing)
                 .await
                 .map_err(Stop::Batch)?;
             tx = back;
@@ -155,11 +159,10 @@ impl Claimer {
                     _ => Stop::Message(index, Part::failed(failure, timing)),
                 });
             }
-            self.reset_role(&mut tx).await.map_err(Stop::Batch)?;
             parts.push(Part::done(Outcome::Applied, timing));
         }
         failpoint::hit("before_commit");
-        tx.commit()
+        tx.commit_with(&wall.commit_sql)
             .await
             .map_err(|e| Stop::Batch(AttemptFailure::db("failed to commit", &e)))?;
         Ok(parts)
@@ -173,7 +176,8 @@ impl Claimer {
         msgs: &[Message],
         failed: (usize, Part),
     ) -> Result<Vec<Part>, AttemptFailure> {
-        let mut tx = self.begin().await?;
+        let wall = self.wall().await?;
+        let mut tx = self.begin(&wall).await?;
         // The first pass's claim (a wait on a competing claim shows there) counts for every
         // message: it is part of what claiming it took.
         let first_claim = failed.1.timing.claim;
@@ -184,13 +188,13 @@ impl Claimer {
                 parts.push(part);
                 continue;
             }
-            let (back, mut part) = self.batch_part(tx, handler, msg).await?;
+            let (back, mut part) = self.batch_part(tx, &wall, handler, msg).await?;
             part.timing.claim += first_claim;
             tx = back;
             parts.push(part);
         }
         failpoint::hit("before_commit");
-        tx.commit()
+        tx.commit_with(&wall.commit_sql)
             .await
             .map_err(|e| AttemptFailure::db("failed to commit", &e))?;
         Ok(parts)
@@ -203,20 +207,20 @@ impl Claimer {
     async fn batch_part(
         &self,
         mut tx: Tx,
+        wall: &Arc<Wall>,
         handler: &dyn Handler,
         msg: &Message,
     ) -> Result<(Tx, Part), AttemptFailure> {
         let mut timing = Timing::default();
         savepoint(&mut tx, "SAVEPOINT idemhost_message").await?;
-        let failure = match self.claim(&mut tx, handler, msg, &mut timing).await {
+        let failure = match self.claim(&mut tx, wall, handler, msg, &mut timing).await {
             Err(e) => AttemptFailure::db("failed to claim marker", &e),
-            Ok(false) => return Ok((tx, Part::done(Outcome::Duplicate, timing))),
-            Ok(true) => {
-                let (back, failure) = self.lend(tx, handler, msg, &mut timing).await?;
+            Ok((false, _)) => return Ok((tx, Part::done(Outcome::Duplicate, timing))),
+            Ok((true, pid)) => {
+                let (back, failure) = self.lend(tx, wall, pid, handler, msg, &mut timing).await?;
                 tx = back;
                 match failure {
                     None => {
-                        self.reset_role(&mut tx).await?;
                         return Ok((tx, Part::done(Outcome::Applied, timing)));
                     }
                     Some(f) => f,

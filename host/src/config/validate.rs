@@ -181,6 +181,21 @@ impl Config {
                     "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
                 );
             }
+            if c.tables.iter().any(|t| {
+                t.is_empty() || t.contains('\0') || t.split('.').count() > 2 || t.split('.').any(str::is_empty)
+            }) {
+                return bad(key("tables"), "must be table names (`name` or `schema.name`)");
+            }
+            if let Some(p) = c
+                .publish_subjects
+                .iter()
+                .find(|p| crate::outbox::check_pattern(p).is_err())
+            {
+                return bad(
+                    key("publish_subjects"),
+                    &crate::outbox::check_pattern(p).err().unwrap_or_default(),
+                );
+            }
             if let Some(o) = &c.ordering
                 && let Err(e) = crate::source::ordering::KeySpec::parse(&o.key)
             {

@@ -123,8 +123,10 @@ pub struct Tx {
 }
 
 impl Tx {
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.end("COMMIT").await
+    /// Commits with `statement`: `COMMIT`, possibly after `SET LOCAL`s that re-assert what the
+    /// commit depends on (see [`super::Wall`]), in one round trip.
+    pub async fn commit_with(self, statement: &str) -> Result<(), sqlx::Error> {
+        self.end(statement).await
     }
 
     pub async fn rollback(self) -> Result<(), sqlx::Error> {
@@ -133,8 +135,10 @@ impl Tx {
 
     /// Runs `statement` (COMMIT or ROLLBACK); once it was answered the connection is kept or
     /// given back. On an error (or if this future is dropped first) the connection is closed.
-    async fn end(mut self, statement: &'static str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(statement).execute(&mut *self).await?;
+    async fn end(mut self, statement: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
+            .execute(&mut *self)
+            .await?;
         if let Some(conn) = self.conn.take() {
             self.home.give_back(conn);
         }

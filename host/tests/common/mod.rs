@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures::StreamExt;
-use idemhost::{Config, Host, Message, PluginLimits, PluginRuntime, WasmHandler};
+use idemhost::{ClaimSettings, Claimer, Config, Host, Message, PluginLimits, PluginRuntime, WasmHandler};
 use rand::Rng;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -136,6 +136,35 @@ impl TestEnv {
         .await
     }
 
+    /// The login role this schema's host derives for `consumer` (see `pg::wall::plugin_role`).
+    pub fn plugin_role(&self, consumer: &str) -> String {
+        let text = format!(
+            "{}\n[[consumer]]\nname = \"{consumer}\"\nstream = \"S\"\nplugin = \"x.wasm\"\n",
+            self.postgres_toml()
+        );
+        let config = parse_config(&text);
+        idemhost::pg::wall::plugin_role(&config.postgres, &config.consumers[0])
+    }
+
+    /// A claimer whose deliveries run behind the plugin wall, as the host runs plugins: on
+    /// connections logged in as `consumer`'s provisioned role, granted `tables` only.
+    pub async fn plugin_claimer(&self, settings: ClaimSettings, tables: &[&str]) -> Claimer {
+        let role = self.plugin_role(&settings.consumer_name);
+        let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
+        idemhost::pg::wall::provision_role(&self.pool, &settings.consumer_name, &role, &tables, None)
+            .await
+            .unwrap();
+        let options =
+            idemhost::pg::wall::connect_as(PG_URL, Some(&self.schema), &self.schema, &role, None)
+                .unwrap();
+        let plugin_pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .unwrap();
+        Claimer::with_plugin_pool(self.pool.clone(), plugin_pool, settings)
+    }
+
     /// The `[postgres]` section pointing a host at this schema.
     pub fn postgres_toml(&self) -> String {
         format!(
@@ -158,6 +187,19 @@ impl TestEnv {
         .execute(&admin)
         .await
         .unwrap();
+        // The plugin roles the hosts of this schema provisioned (best effort: a session of one
+        // may still be closing).
+        let roles: Vec<String> =
+            sqlx::query_scalar("SELECT rolname::text FROM pg_roles WHERE starts_with(rolname, $1)")
+                .bind(format!("idemhost_{}_", self.schema))
+                .fetch_all(&admin)
+                .await
+                .unwrap_or_default();
+        for role in roles {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
+                .execute(&admin)
+                .await;
+        }
     }
 }
 
@@ -525,6 +567,13 @@ pub fn config(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &s
 
 /// The TOML of [`config`]; top-level tables (`[admin]`, `[plugins]`) may be appended.
 pub fn config_text(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &str) -> String {
+    // The plugin's role is granted the example's table unless the test says otherwise.
+    let tables = if extra.contains("tables =") {
+        String::new()
+    } else {
+        "tables = [\"inventory\"]\n".to_string()
+    };
+    let extra = format!("{tables}{extra}");
     format!(
         "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\n\n[[consumer]]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{extra}\n",
         env.postgres_toml(),

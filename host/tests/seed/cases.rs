@@ -170,7 +170,7 @@ async fn waiting_claim_is_duplicate_when_winner_commits() {
     let first = spawn_delivery(&c, &plugin, &msg);
     env.wait_for_lock_wait("UPDATE inventory").await; // first claimed, now paused
     let second = spawn_delivery(&c, &plugin, &msg);
-    env.wait_for_lock_wait("INSERT INTO processed_message")
+    env.wait_for_lock_wait("idemhost_claim")
         .await; // second waits on the marker
 
     row_lock.commit().await.unwrap();
@@ -201,7 +201,7 @@ async fn waiting_claim_applies_when_winner_rolls_back() {
     let first = spawn_delivery(&c, &plugin, &msg);
     let first_pid = env.wait_for_lock_wait("UPDATE inventory").await;
     let second = spawn_delivery(&c, &plugin, &msg);
-    env.wait_for_lock_wait("INSERT INTO processed_message")
+    env.wait_for_lock_wait("idemhost_claim")
         .await;
 
     sqlx::query("SELECT pg_cancel_backend($1)")

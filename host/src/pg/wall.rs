@@ -1,0 +1,393 @@
+//! The database side of the plugin wall: plugins' SQL runs on connections that *log in* as
+//! their consumer's role, so no statement or function can make it act as the host (a role
+//! switch that SQL could undo is not a wall). This module provisions and checks those roles,
+//! opens their pools, and holds the host key and the names of the `SECURITY DEFINER` functions
+//! (migration 0006) through which the host writes markers, plugin versions and outbox rows in
+//! a delivery's transaction.
+
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row};
+
+use super::describe;
+use crate::config::{ConsumerConfig, PostgresConfig, is_plain_identifier};
+use crate::sql_gate::HOST_RELATIONS;
+
+/// The host key (never shown to a plugin: sent only as a bound parameter) and the qualified
+/// names of the host's functions, read once from the host's own connection.
+#[derive(Clone)]
+pub struct Wall {
+    pub(crate) key: String,
+    pub(crate) claim_sql: String,
+    pub(crate) claim_all_sql: String,
+    pub(crate) outbox_sql: String,
+    /// Sent with every COMMIT: the durability the operator configured, re-asserted after the
+    /// plugin ran (whatever it set in the transaction).
+    pub(crate) commit_sql: String,
+    /// Opens a delivery's transaction (see [`Wall::load`]).
+    pub(crate) begin_sql: String,
+}
+
+/// Undoes whatever an earlier delivery on the connection left in the session, before anything
+/// of this one runs: settings (`pg_settings`, `set_config(..., false)`), temporary tables and
+/// functions, cursors, LISTEN, session advisory locks; the last column says whether SQL-level
+/// prepared statements are left (then the connection is discarded: `DEALLOCATE ALL` would also
+/// drop the client's own). `role` and `session_authorization` are not settings a plugin can
+/// move: its connection logs in as its own role, a member of none.
+const SESSION_RESET: &str = "RESET ALL; DISCARD TEMP; CLOSE ALL; UNLISTEN *";
+const SESSION_CHECK: &str = "SELECT pg_advisory_unlock_all(), \
+     EXISTS (SELECT 1 FROM pg_prepared_statements WHERE from_sql)";
+
+impl std::fmt::Debug for Wall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wall").finish_non_exhaustive()
+    }
+}
+
+/// `name` as a quoted identifier.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+impl Wall {
+    /// Reads the key, the schema of the host's tables and the server's `synchronous_commit`
+    /// through `pool`, a pool of the host's own role.
+    ///
+    /// A delivery's transaction begins (one round trip) with `READ WRITE` at `isolation`, the
+    /// session reset, the host's `synchronous_commit` and `statement_timeout`: nothing a
+    /// plugin set earlier — in the session, or for its role (`ALTER ROLE ... SET`) — decides
+    /// how the host's own statements run.
+    pub async fn load(
+        pool: &PgPool,
+        isolation: crate::config::Isolation,
+        statement_timeout: std::time::Duration,
+    ) -> Result<Wall, sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT current_schema()::text, k.key, current_setting('synchronous_commit') \
+             FROM idemhost_key k",
+        )
+        .fetch_one(pool)
+        .await?;
+        let schema: String = row.try_get(0)?;
+        let key: String = row.try_get(1)?;
+        let synchronous_commit: String = row.try_get(2)?;
+        let s = quote_ident(&schema);
+        // The setting's value is one of a fixed set of words; quoted all the same.
+        let durability = format!(
+            "SET LOCAL synchronous_commit = '{}'",
+            synchronous_commit.replace('\'', "''")
+        );
+        let commit_sql = format!("{durability}; COMMIT");
+        let begin_sql = format!(
+            "BEGIN ISOLATION LEVEL {} READ WRITE; {SESSION_RESET}; {durability}; \
+             SET LOCAL statement_timeout = {}; {SESSION_CHECK}",
+            isolation.sql(),
+            statement_timeout.as_millis().max(1)
+        );
+        Ok(Wall {
+            key,
+            claim_sql: format!(
+                "SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_backend_pid()"
+            ),
+            claim_all_sql: format!("SELECT {s}.idemhost_claim_all($1, $2, $3, $4)"),
+            outbox_sql: format!(
+                "SELECT {s}.idemhost_outbox_insert($1, $2, $3, $4, $5, $6, $7)"
+            ),
+            commit_sql,
+            begin_sql,
+        })
+    }
+}
+
+/// The login role a consumer's plugin runs as: `consumer.role`, else one the host derives from
+/// the schema and the consumer name (`idemhost_<schema>_<name>`, a plain identifier).
+pub fn plugin_role(postgres: &PostgresConfig, consumer: &ConsumerConfig) -> String {
+    if let Some(role) = &consumer.role {
+        return role.clone();
+    }
+    let raw = match &postgres.schema {
+        Some(schema) => format!("idemhost_{schema}_{}", consumer.name),
+        None => format!("idemhost_{}", consumer.name),
+    };
+    let mut name: String = raw
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.len() > 63 {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(raw.as_bytes());
+        let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+        name.truncate(54);
+        name.push('_');
+        name.push_str(&hex);
+    }
+    debug_assert!(is_plain_identifier(&name));
+    name
+}
+
+/// Options for a connection that logs in as `role`: the host's URL with its user replaced and
+/// its password dropped (the role's own, if configured, instead).
+pub fn role_connect_options(
+    postgres: &PostgresConfig,
+    role: &str,
+    password: Option<&str>,
+) -> anyhow::Result<PgConnectOptions> {
+    connect_as(
+        &postgres.url,
+        postgres.schema.as_deref(),
+        &postgres.application_name,
+        role,
+        password,
+    )
+}
+
+/// [`role_connect_options`] from the parts of a `[postgres]` section.
+pub fn connect_as(
+    url: &str,
+    schema: Option<&str>,
+    application_name: &str,
+    role: &str,
+    password: Option<&str>,
+) -> anyhow::Result<PgConnectOptions> {
+    let shown = super::redact_url(url);
+    let mut url =
+        url::Url::parse(url).map_err(|e| anyhow::anyhow!("invalid postgres.url {shown}: {e}"))?;
+    url.set_username(role)
+        .and_then(|()| url.set_password(password))
+        .map_err(|()| anyhow::anyhow!("postgres.url {shown} cannot carry a user name"))?;
+    let mut options = PgConnectOptions::from_str(url.as_str())
+        .map_err(|e| anyhow::anyhow!("invalid postgres.url {shown}: {e}"))?
+        .application_name(application_name);
+    if let Some(schema) = schema {
+        options = options.options([("search_path", schema)]);
+    }
+    Ok(options)
+}
+
+/// A pool of connections logged in as `role`, checked by one connection.
+pub async fn role_pool(
+    postgres: &PostgresConfig,
+    role: &str,
+    password: Option<&str>,
+    max_connections: u32,
+) -> anyhow::Result<PgPool> {
+    let options = role_connect_options(postgres, role, password)?;
+    PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(postgres.acquire_timeout.0)
+        .connect_with(options)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "failed to connect to PostgreSQL as the plugin role {role}: {e} (the role needs \
+                 LOGIN and an entry in pg_hba.conf; set consumer.role_password if the server \
+                 asks for one)"
+            )
+        })
+}
+
+/// Makes `role` ready to run `consumer`'s plugin and proves it cannot reach past its grants:
+/// creates it when missing (if the host's role may create roles), grants it the host's claim
+/// and outbox functions, the schema and `consumer.tables`, then checks what it can reach.
+/// An error says exactly what an administrator has to run instead.
+pub async fn provision(
+    pool: &PgPool,
+    consumer: &ConsumerConfig,
+    role: &str,
+) -> anyhow::Result<()> {
+    provision_role(
+        pool,
+        &consumer.name,
+        role,
+        &consumer.tables,
+        consumer.role_password.as_deref(),
+    )
+    .await
+}
+
+/// [`provision`] from its parts: the consumer's name, its role, the tables to grant and the
+/// role's password (set only when the host creates the role).
+pub async fn provision_role(
+    pool: &PgPool,
+    consumer_name: &str,
+    role: &str,
+    tables: &[String],
+    password: Option<&str>,
+) -> anyhow::Result<()> {
+    let r = quote_ident(role);
+    let mut tx = pool.begin().await?;
+    // One host at a time (replicas, tests in parallel): concurrent GRANTs on one role collide.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idemhost.provision'))")
+        .execute(&mut *tx)
+        .await?;
+    let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(&mut *tx)
+        .await?;
+    let s = quote_ident(&schema);
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(role)
+            .fetch_one(&mut *tx)
+            .await?;
+    let functions = format!(
+        "{s}.idemhost_claim(text, text, text, text), {s}.idemhost_claim_all(text, text, text[], text), \
+         {s}.idemhost_outbox_insert(text, text, text, integer, text, jsonb, bytea)"
+    );
+    let mut grants = vec![
+        format!("GRANT USAGE ON SCHEMA {s} TO {r}"),
+        format!("GRANT EXECUTE ON FUNCTION {functions} TO {r}"),
+    ];
+    for table in tables {
+        let t = qualified(&schema, table);
+        grants.push(format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {t} TO {r}"
+        ));
+    }
+    if !tables.is_empty() {
+        grants.push(format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"));
+        // ... and take back the host's own sequence, which the statement above included.
+        grants.push(format!("REVOKE ALL ON SEQUENCE {s}.outbox_message_id_seq FROM {r}"));
+    }
+    // The host may then stop a plugin's statement on the server at its deadline.
+    grants.push(format!("GRANT {r} TO CURRENT_USER"));
+    let create = format!(
+        "CREATE ROLE {r} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT{}",
+        match password {
+            Some(_) => " PASSWORD '…'",
+            None => "",
+        }
+    );
+    let advice = |why: &str| {
+        let mut all = Vec::new();
+        if !exists {
+            all.push(create.clone());
+        }
+        all.extend(grants.iter().cloned());
+        anyhow::anyhow!(
+            "consumer {}: the plugin's role {role} is not ready ({why}); as a role that may \
+             create roles and owns the host's schema, run:\n  {};",
+            consumer_name,
+            all.join(";\n  ")
+        )
+    };
+    if exists && let Some(problem) = unsafe_reason(&mut tx, role).await? {
+        anyhow::bail!(
+            "consumer {}: refusing to run its plugin as role {role}: {problem}. A plugin's role \
+             must be a plain login role granted only its own tables",
+            consumer_name
+        );
+    }
+    if !exists {
+        let mut sql = format!(
+            "CREATE ROLE {r} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT"
+        );
+        if let Some(password) = password {
+            sql.push_str(&format!(" PASSWORD '{}'", password.replace('\'', "''")));
+        }
+        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *tx).await {
+            return Err(advice(&describe(&e)));
+        }
+    }
+    for grant in &grants {
+        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(grant.clone()))
+            .execute(&mut *tx)
+            .await
+        {
+            return Err(advice(&describe(&e)));
+        }
+    }
+    if let Some(problem) = unsafe_reason(&mut tx, role).await? {
+        anyhow::bail!(
+            "consumer {}: refusing to run its plugin as role {role}: {problem}. A plugin's role \
+             must be a plain login role granted only its own tables",
+            consumer_name
+        );
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+fn qualified(schema: &str, table: &str) -> String {
+    match table.split_once('.') {
+        Some((s, t)) => format!("{}.{}", quote_ident(s), quote_ident(t)),
+        None => format!("{}.{}", quote_ident(schema), quote_ident(table)),
+    }
+}
+
+/// Why `role` cannot be a plugin's role, if it cannot: attributes or memberships that reach
+/// past its grants, or any privilege on a host relation.
+async fn unsafe_reason(
+    conn: &mut sqlx::PgConnection,
+    role: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls, \
+                r.rolcanlogin, r.rolname = current_user, \
+                (SELECT string_agg(o.rolname, ', ' ORDER BY o.rolname) FROM pg_roles o \
+                 WHERE o.oid <> r.oid AND pg_has_role(r.oid, o.oid, 'MEMBER') \
+                   AND (o.rolsuper OR o.rolcreaterole OR o.rolbypassrls OR o.rolreplication \
+                        OR o.rolname = current_user \
+                        OR o.rolname IN ('pg_read_server_files', 'pg_write_server_files', \
+                           'pg_execute_server_program', 'pg_read_all_data', 'pg_write_all_data', \
+                           'pg_signal_backend', 'pg_read_all_settings', 'pg_monitor') \
+                        OR o.oid = (SELECT relowner FROM pg_class WHERE oid = 'processed_message'::regclass))), \
+                r.oid = (SELECT relowner FROM pg_class WHERE oid = 'processed_message'::regclass) \
+         FROM pg_roles r WHERE r.rolname = $1",
+    )
+    .bind(role)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(Some("it does not exist".into()));
+    };
+    let flags = [
+        (0, "it is a superuser"),
+        (1, "it may create roles"),
+        (2, "it may create databases"),
+        (3, "it may start replication"),
+        (4, "it bypasses row-level security"),
+        (6, "it is the host's own role"),
+        (8, "it owns the host's tables"),
+    ];
+    for (i, why) in flags {
+        if row.try_get::<bool, _>(i)? {
+            return Ok(Some(why.into()));
+        }
+    }
+    if !row.try_get::<bool, _>(5)? {
+        return Ok(Some("it cannot log in (LOGIN)".into()));
+    }
+    if let Some(roles) = row.try_get::<Option<String>, _>(7)? {
+        return Ok(Some(format!("it is a member of {roles}")));
+    }
+    for relation in HOST_RELATIONS {
+        let kind = if relation.ends_with("_seq") {
+            "SELECT, USAGE, UPDATE"
+        } else {
+            "SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER"
+        };
+        let check = if relation.ends_with("_seq") {
+            "SELECT has_sequence_privilege($1, $2::regclass::oid, $3)"
+        } else {
+            "SELECT has_table_privilege($1, $2::regclass::oid, $3)"
+        };
+        let privileged: bool = sqlx::query_scalar(check)
+            .bind(role)
+            .bind(relation)
+            .bind(kind)
+            .fetch_one(&mut *conn)
+            .await?;
+        if privileged {
+            return Ok(Some(format!("it has a privilege on the host's {relation}")));
+        }
+    }
+    Ok(None)
+}
