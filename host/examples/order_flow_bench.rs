@@ -140,7 +140,7 @@ async fn main() -> anyhow::Result<()> {
             .map(|p| format!("plugin = \"{dist}/{p}.wasm\"\n"))
             .unwrap_or_default();
         format!(
-            "\n[[consumer]]\nname = \"{name}\"\nstream = \"{STREAM}\"\nsubjects = [\"{P}.{subject}\"]\n{plugin}\
+            "\n[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{name}\"\nstream = \"{STREAM}\"\nsubjects = [\"{P}.{subject}\"]\n{plugin}\
              dead_letter_subject = \"{P}.dlq.{name}\"\nmax_in_flight = {in_flight}\n"
         )
     };

@@ -45,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
         let text = format!(
             "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
              [metrics]\nmarker_interval = \"0s\"\n\
-             [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\nplugin = \"{plugin}\"\n\
+             [[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\nplugin = \"{plugin}\"\n\
              max_in_flight = {in_flight}\ndead_letter_subject = \"bench.dlq\"\n",
             in_flight + 2
         );

@@ -415,7 +415,7 @@ fn host_config(
             (format!("{CONSUMER}-{k}"), format!("{SUBJECT}.{k}"))
         };
         text.push_str(&format!(
-            "[[consumer]]\nname = \"{name}\"\nstream = \"{STREAM}\"\nsubjects = [\"{subject}\"]\n\
+            "[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{name}\"\nstream = \"{STREAM}\"\nsubjects = [\"{subject}\"]\n\
              plugin = \"{}\"\ndead_letter_subject = \"idemhost_bench_dlq.{k}\"\n{extra}\n",
             o.plugin.display()
         ));

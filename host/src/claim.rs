@@ -259,7 +259,11 @@ impl Claimer {
 
     /// Deliveries on connections of `plugin_pool` (logged in as the consumer's role); the
     /// host's own statements outside a delivery on `host_pool`.
-    pub fn with_plugin_pool(host_pool: PgPool, plugin_pool: PgPool, settings: ClaimSettings) -> Self {
+    pub fn with_plugin_pool(
+        host_pool: PgPool,
+        plugin_pool: PgPool,
+        settings: ClaimSettings,
+    ) -> Self {
         Claimer {
             connections: Connections::new(plugin_pool, settings.keep_connections),
             host_pool,
@@ -380,7 +384,7 @@ impl Claimer {
         let (claimed, backend_pid) = match claimed {
             Ok(c) => c,
             Err(e) => {
-                rollback(tx).await;
+                rollback(tx, &wall).await;
                 return Err(AttemptFailure::db("failed to claim marker", &e));
             }
         };
@@ -395,7 +399,7 @@ impl Claimer {
             .lend(tx, &wall, backend_pid, handler, msg, timing)
             .await?;
         if let Some(failure) = failure {
-            rollback(tx).await;
+            rollback(tx, &wall).await;
             return Err(failure);
         }
         failpoint::hit("before_commit");
@@ -405,36 +409,17 @@ impl Claimer {
             .map_err(|e| AttemptFailure::db("failed to commit", &e))
     }
 
-    /// Opens a transaction at the consumer's isolation, with the session reset and its
-    /// statement timeout (see [`Wall::load`]). A connection whose session cannot be reset
-    /// (SQL-level prepared statements) is closed and another one taken.
+    /// Opens a transaction at the consumer's isolation, with the host's settings (see
+    /// [`Wall::load`]).
     async fn begin(&self, wall: &Wall) -> Result<Tx, AttemptFailure> {
-        const TRIES: usize = 4;
-        for _ in 0..TRIES {
-            let (tx, rows) = self
-                .connections
-                .begin(&wall.begin_sql)
-                .await
-                .map_err(|e| AttemptFailure {
-                    cause: Rollback::Connection,
-                    ..AttemptFailure::db("failed to begin transaction", &e)
-                })?;
-            let dirty = rows
-                .last()
-                .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 1).ok())
-                .unwrap_or(true);
-            if !dirty {
-                return Ok(tx);
-            }
-            debug!("a session with state the reset cannot undo; its connection is closed");
-            // Dropped unfinished: the connection is closed, never reused.
-            drop(tx);
-        }
-        Err(AttemptFailure {
-            kind: FailureKind::Retryable,
-            cause: Rollback::Connection,
-            reason: "no connection with a clean session".into(),
-        })
+        self.connections
+            .begin(&wall.begin_sql)
+            .await
+            .map(|(tx, _)| tx)
+            .map_err(|e| AttemptFailure {
+                cause: Rollback::Connection,
+                ..AttemptFailure::db("failed to begin transaction", &e)
+            })
     }
 
     /// Claims `msg`'s marker through the host's function, the consumer, id and plugin version
@@ -523,8 +508,8 @@ impl Claimer {
 }
 
 /// Rolls an abandoned transaction back (a failed ROLLBACK discards the connection).
-async fn rollback(tx: Tx) {
-    if let Err(e) = tx.rollback().await {
+async fn rollback(tx: Tx, wall: &Wall) {
+    if let Err(e) = tx.rollback_with(&wall.rollback_sql).await {
         debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
     }
 }

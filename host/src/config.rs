@@ -380,7 +380,8 @@ pub struct ConsumerConfig {
     #[serde(default)]
     pub role_password: Option<String>,
     /// Tables (`name` in `postgres.schema`, or `schema.name`) the host grants the plugin's role
-    /// SELECT, INSERT, UPDATE and DELETE on at start, with USAGE on the schema's sequences.
+    /// SELECT, INSERT, UPDATE and DELETE on at start, with USAGE on the schema's sequences;
+    /// `"*"`: every table of `postgres.schema` that exists at start, except the host's own.
     /// Grant anything else yourself.
     #[serde(default)]
     pub tables: Vec<String>,

@@ -225,13 +225,9 @@ impl Host {
                 let role = pg::wall::plugin_role(&config.postgres, c);
                 pg::wall::provision(&pool, c, &role).await?;
                 let size = c.max_in_flight.max(1);
-                let plugin_pool = pg::wall::role_pool(
-                    &config.postgres,
-                    &role,
-                    c.role_password.as_deref(),
-                    size,
-                )
-                .await?;
+                let plugin_pool =
+                    pg::wall::role_pool(&config.postgres, &role, c.role_password.as_deref(), size)
+                        .await?;
                 settings.keep_connections = size as usize;
                 info!(consumer = %c.name, %role, connections = size, "plugin role ready");
                 Claimer::with_plugin_pool(pool.clone(), plugin_pool, settings)

@@ -279,11 +279,17 @@ mod tests {
         ] {
             assert!(event_headers(&o, subject, &[], b"").is_err(), "{subject}");
         }
-        let narrow = origin().allowing(Arc::from(vec!["orders.*".to_string(), "audit.>".to_string()]));
+        let narrow = origin().allowing(Arc::from(vec![
+            "orders.*".to_string(),
+            "audit.>".to_string(),
+        ]));
         assert!(event_headers(&narrow, "orders.placed", &[], b"").is_ok());
         assert!(event_headers(&narrow, "audit.a.b", &[], b"").is_ok());
         for subject in ["orders.placed.x", "orders", "audit", "payments.x"] {
-            assert!(event_headers(&narrow, subject, &[], b"").is_err(), "{subject}");
+            assert!(
+                event_headers(&narrow, subject, &[], b"").is_err(),
+                "{subject}"
+            );
         }
         let none = Origin::new("c", "m", &[]);
         assert!(event_headers(&none, "orders.placed", &[], b"").is_err());

@@ -107,7 +107,18 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// Applies the host's migrations (idempotent; concurrent hosts serialize on sqlx's lock),
 /// creating the configured schema first when it does not exist yet.
 pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
-    if let Some(schema) = schema {
+    let missing = match schema {
+        // A host that owns its schema need not be allowed to create schemas.
+        Some(schema) => !sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+        )
+        .bind(schema)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to look for schema {schema}: {}", describe(&e)))?,
+        None => false,
+    };
+    if let Some(schema) = schema.filter(|_| missing) {
         // The name is validated as a plain identifier by the config; quoting keeps it exact.
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE SCHEMA IF NOT EXISTS \"{schema}\""

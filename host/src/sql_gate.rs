@@ -30,6 +30,7 @@ pub(crate) const HOST_RELATIONS: &[&str] = &[
     "outbox_message",
     "outbox_message_id_seq",
     "idemhost_key",
+    "_sqlx_migrations",
 ];
 
 /// Functions refused by name (in any schema): they run SQL text of their own, change settings,
@@ -123,8 +124,8 @@ pub fn check(sql: &str) -> Result<(), String> {
     if sql.contains('\0') {
         return Err("statement refused: NUL character".into());
     }
-    let parsed = pg_query::parse(sql)
-        .map_err(|e| format!("statement refused: it does not parse ({e})"))?;
+    let parsed =
+        pg_query::parse(sql).map_err(|e| format!("statement refused: it does not parse ({e})"))?;
     let stmts = &parsed.protobuf.stmts;
     let stmt = match stmts.as_slice() {
         [] => return Err("statement refused: empty statement".into()),
@@ -190,8 +191,17 @@ fn check_relation(range_var: &serde_json::Value) -> Result<(), String> {
         .get("relname")
         .and_then(serde_json::Value::as_str)
         .unwrap_or("");
+    if name == "pg_settings" {
+        return Err(
+            "statement refused: `pg_settings` changes session settings (read one with \
+             current_setting)"
+                .into(),
+        );
+    }
     if HOST_RELATIONS.contains(&name) {
-        return Err(format!("statement refused: `{name}` is reserved to the host"));
+        return Err(format!(
+            "statement refused: `{name}` is reserved to the host"
+        ));
     }
     Ok(())
 }
@@ -206,7 +216,9 @@ fn check_function(call: &serde_json::Value) -> Result<(), String> {
         .unwrap_or_default();
     let lower = name.to_lowercase();
     if REFUSED_FUNCTIONS.contains(&lower.as_str())
-        || REFUSED_FUNCTION_PREFIXES.iter().any(|p| lower.starts_with(p))
+        || REFUSED_FUNCTION_PREFIXES
+            .iter()
+            .any(|p| lower.starts_with(p))
     {
         return Err(format!(
             "statement refused: function `{name}` is not available to plugins (it reaches \
@@ -384,6 +396,8 @@ mod tests {
             "SELECT \"public\".\"idemhost_claim\"('k', 'c', 'i', null)",
             "VALUES ((SELECT set_config('synchronous_commit', 'off', false)))",
             "TABLE outbox_message",
+            "UPDATE pg_settings SET setting = 'off' WHERE name = 'synchronous_commit'",
+            "UPDATE pg_catalog.pg_settings SET setting = 'x' WHERE name = 'search_path'",
             "MERGE INTO idemhost_key k USING inventory i ON true WHEN MATCHED THEN DELETE",
             "EXPLAIN ANALYZE DELETE FROM inventory",
             "CREATE TEMP TABLE processed_message (consumer_name text, message_id text)",
@@ -391,7 +405,11 @@ mod tests {
             assert!(check(sql).is_err(), "{sql:?} should be refused");
         }
         // `\r` and typed literals are fine where they hide nothing.
-        for sql in ["SELECT 1 --x\r", "SELECT name'\\'", "SELECT 1 FROM inventory FOR UPDATE"] {
+        for sql in [
+            "SELECT 1 --x\r",
+            "SELECT name'\\'",
+            "SELECT 1 FROM inventory FOR UPDATE",
+        ] {
             assert_eq!(check(sql), Ok(()), "{sql:?}");
         }
     }

@@ -64,12 +64,7 @@ pub enum TxError {
 }
 
 impl TxHandle {
-    pub(crate) fn new(
-        tx: Tx,
-        origin: Origin,
-        wall: Arc<Wall>,
-        deadline: Option<Deadline>,
-    ) -> Self {
+    pub(crate) fn new(tx: Tx, origin: Origin, wall: Arc<Wall>, deadline: Option<Deadline>) -> Self {
         TxHandle {
             state: Arc::new(Mutex::new(TxState {
                 tx: Some(tx),
@@ -279,7 +274,10 @@ fn stop_backend(deadline: Deadline) {
                 error = %pg::describe(&e),
                 "failed to stop a plugin statement past its deadline"
             ),
-            Err(_) => tracing::warn!(pid = deadline.backend_pid, "stopping a plugin statement timed out"),
+            Err(_) => tracing::warn!(
+                pid = deadline.backend_pid,
+                "stopping a plugin statement timed out"
+            ),
         }
     });
 }

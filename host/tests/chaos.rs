@@ -47,7 +47,7 @@ async fn private_postgres(nats: &NatsEnv) -> (PrivatePostgres, String) {
     pool.close().await;
     let text = format!(
         "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{}\"\nmax_connections = 18\nacquire_timeout = \"1s\"\n\
-         [[consumer]]\nname = \"{NAME}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{PATIENT}\n",
+         [[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{NAME}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{PATIENT}\n",
         pg.url(),
         nats.stream,
         nats.subject(),

@@ -25,7 +25,7 @@ fn run_with(dir: &Path, toml: &str) -> (bool, String) {
 
 fn consumer(plugin: &Path, stream: &str) -> String {
     format!(
-        "[[consumer]]\nname = \"c1\"\nstream = \"{stream}\"\nsubjects = [\"x.y\"]\nplugin = \"{}\"\n",
+        "[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"c1\"\nstream = \"{stream}\"\nsubjects = [\"x.y\"]\nplugin = \"{}\"\n",
         plugin.display()
     )
 }
@@ -141,7 +141,7 @@ async fn missing_or_wrong_keys_are_one_line_errors() {
     let schema = unique("t_cli_keys");
     let pg = format!("[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n");
     let full = format!(
-        "{pg}[[consumer]]\nname = \"c1\"\nstream = \"S\"\nplugin = \"{}\"\n",
+        "{pg}[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"c1\"\nstream = \"S\"\nplugin = \"{}\"\n",
         plugin.display()
     );
     let cases = [

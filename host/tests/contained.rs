@@ -57,7 +57,7 @@ fn rss_bytes(child: &Child) -> u64 {
 
 fn consumer_toml(name: &str, nats: &NatsEnv, plugin: &str, extra: &str) -> String {
     format!(
-        "[[consumer]]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\n\
+        "[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\n\
          dead_letter_subject = \"{}\"\n{extra}\n",
         nats.stream,
         nats.subject(),

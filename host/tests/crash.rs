@@ -15,7 +15,7 @@ const CONSUMER: &str = "inventory-reservation-v1";
 fn write_config(env: &TestEnv, nats: &NatsEnv, dir: &Path, extra: &str) -> PathBuf {
     let text = format!(
         "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\nlog_format = \"json\"\n\n\
-         [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\n\
+         [[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\n\
          dead_letter_subject = \"{}\"\nmax_in_flight = 1\nack_wait = \"2s\"\n{extra}\n",
         env.postgres_toml(),
         nats.stream,
@@ -188,7 +188,7 @@ async fn crash_between_outbox_publish_and_delete_sends_each_event_once() {
     // A short ack_wait: deliveries in flight at the kill come back quickly.
     let text = config_text(&env, &nats, SOURCE, "testkit", "ack_wait = \"2s\"")
         + &format!(
-            "\n[[consumer]]\nname = \"{DOWNSTREAM}\"\nstream = \"{}\"\nsubjects = [\"{events}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}.dlq2\"\nack_wait = \"2s\"\n",
+            "\n[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{DOWNSTREAM}\"\nstream = \"{}\"\nsubjects = [\"{events}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}.dlq2\"\nack_wait = \"2s\"\n",
             nats.stream,
             plugin_path("testkit").display(),
             nats.prefix

@@ -412,7 +412,7 @@ async fn dead_letter_streams_follow_the_subject_not_the_consumer_name() {
         // Outside the test stream's `<prefix>.>`, so the host creates the dead-letter stream.
         let dlq = format!("{}_dlq{round}.inventory", nats.prefix);
         let text = format!(
-            "[nats]\nurl = \"{NATS_URL}\"\n{}\n[[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{dlq}\"\ncreate_stream = true\n",
+            "[nats]\nurl = \"{NATS_URL}\"\n{}\n[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{dlq}\"\ncreate_stream = true\n",
             env.postgres_toml(),
             nats.stream,
             nats.subject(),
@@ -505,7 +505,7 @@ async fn readyz_reports_a_lost_postgres_and_recovers() {
     let pg = PrivatePostgres::start();
     let nats = NatsEnv::new("readypg", Duration::from_secs(60)).await;
     let text = format!(
-        "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{}\"\nacquire_timeout = \"500ms\"\n[[consumer]]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\ndead_letter_subject = \"{}\"\n",
+        "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{}\"\nacquire_timeout = \"500ms\"\n[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{CONSUMER}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\ndead_letter_subject = \"{}\"\n",
         pg.url(),
         nats.stream,
         nats.subject(),

@@ -57,14 +57,21 @@ async fn a_swallowed_refusal_still_fails_the_attempt() {
             serde_json::json!(sql)
         );
         let p = c
-            .process(plugin.as_ref(), &message(&format!("evt-refused-{i}"), &script))
+            .process(
+                plugin.as_ref(),
+                &message(&format!("evt-refused-{i}"), &script),
+            )
             .await;
         assert!(
             matches!(&p.outcome, Outcome::RetryableFailure(r) if r.contains("refused")),
             "{sql}: {p:?}"
         );
     }
-    assert_eq!(env.markers(CONSUMER).await, 0, "no refused delivery committed");
+    assert_eq!(
+        env.markers(CONSUMER).await,
+        0,
+        "no refused delivery committed"
+    );
     assert_eq!(env.reserved("sku-1").await, 0, "no half effect committed");
     healthy_delivery_still_applies(&c, &plugin, "evt-after-refusals").await;
     env.cleanup().await;

@@ -50,7 +50,7 @@ async fn order_flow(tag: &str) -> (TestEnv, NatsEnv, RunningHost, String) {
             .map(|pl| format!("plugin = \"{}\"\n", plugin_path(pl).display()))
             .unwrap_or_default();
         format!(
-            "\n[[consumer]]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [{}]\n{plugin}\
+            "\n[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [{}]\n{plugin}\
              dead_letter_subject = \"{p}.dlq.{name}\"\nmax_in_flight = 4\nack_wait = \"5s\"\nbackoff = [\"50ms\"]\n",
             nats.stream,
             subjects.join(", ")

@@ -104,7 +104,7 @@ pub fn config(in_flight: u32, plugin: Option<String>, top: &str) -> Config {
     };
     let text = format!(
         "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
-         [[consumer]]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\n{plugin}\
+         [[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\n{plugin}\
          max_in_flight = {in_flight}\ndead_letter_subject = \"bench.dlq\"\n{top}",
         in_flight + 2
     );

@@ -129,8 +129,11 @@ impl Claimer {
         let (claimed, pid) = match self.claim_all(&mut tx, &wall, handler, &ids).await {
             Ok(c) => c,
             Err(e) => {
-                rollback(tx).await;
-                return Err(Stop::Batch(AttemptFailure::db("failed to claim markers", &e)));
+                rollback(tx, &wall).await;
+                return Err(Stop::Batch(AttemptFailure::db(
+                    "failed to claim markers",
+                    &e,
+                )));
             }
         };
         let mut claimed: HashSet<String> = claimed.into_iter().collect();
@@ -153,7 +156,7 @@ impl Claimer {
                 .map_err(Stop::Batch)?;
             tx = back;
             if let Some(failure) = failure {
-                rollback(tx).await;
+                rollback(tx, &wall).await;
                 return Err(match failure.kind {
                     FailureKind::RetryTransaction => Stop::Batch(failure),
                     _ => Stop::Message(index, Part::failed(failure, timing)),

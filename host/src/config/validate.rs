@@ -182,9 +182,15 @@ impl Config {
                 );
             }
             if c.tables.iter().any(|t| {
-                t.is_empty() || t.contains('\0') || t.split('.').count() > 2 || t.split('.').any(str::is_empty)
+                t.is_empty()
+                    || t.contains('\0')
+                    || t.split('.').count() > 2
+                    || t.split('.').any(str::is_empty)
             }) {
-                return bad(key("tables"), "must be table names (`name` or `schema.name`)");
+                return bad(
+                    key("tables"),
+                    "must be table names (`name` or `schema.name`)",
+                );
             }
             if let Some(p) = c
                 .publish_subjects

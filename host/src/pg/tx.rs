@@ -124,8 +124,13 @@ pub struct Tx {
 
 impl Tx {
     /// Commits with `statement`: `COMMIT`, possibly after `SET LOCAL`s that re-assert what the
-    /// commit depends on (see [`super::Wall`]), in one round trip.
+    /// commit depends on and before a session reset (see [`super::Wall`]), in one round trip.
     pub async fn commit_with(self, statement: &str) -> Result<(), sqlx::Error> {
+        self.end(statement).await
+    }
+
+    /// Rolls back with `statement` (`ROLLBACK`, then possibly a session reset).
+    pub async fn rollback_with(self, statement: &str) -> Result<(), sqlx::Error> {
         self.end(statement).await
     }
 
@@ -133,14 +138,25 @@ impl Tx {
         self.end("ROLLBACK").await
     }
 
-    /// Runs `statement` (COMMIT or ROLLBACK); once it was answered the connection is kept or
-    /// given back. On an error (or if this future is dropped first) the connection is closed.
+    /// Runs `statement` (COMMIT or ROLLBACK, and what follows it); once it was answered the
+    /// connection is kept or given back — unless its last row is a single `true` (the session
+    /// reset found state it cannot undo): then it is closed. On an error (or if this future is
+    /// dropped first) the connection is closed.
     async fn end(mut self, statement: &str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
-            .execute(&mut *self)
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
+            .fetch_all(&mut *self)
             .await?;
+        let discard = rows
+            .last()
+            .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 0).ok())
+            .unwrap_or(false);
         if let Some(conn) = self.conn.take() {
-            self.home.give_back(conn);
+            if discard {
+                tracing::debug!("session state the reset cannot undo; the connection is closed");
+                let _ = conn.close().await;
+            } else {
+                self.home.give_back(conn);
+            }
         }
         Ok(())
     }

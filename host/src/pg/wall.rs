@@ -27,23 +27,20 @@ pub struct Wall {
     pub(crate) commit_sql: String,
     /// Opens a delivery's transaction (see [`Wall::load`]).
     pub(crate) begin_sql: String,
+    /// Rolls a delivery back and resets the session.
+    pub(crate) rollback_sql: String,
 }
 
-/// Undoes whatever an earlier delivery on the connection left in the session, before anything
-/// of this one runs: settings (`pg_settings`, `set_config(..., false)`), temporary tables and
-/// functions, cursors, LISTEN, session advisory locks; the last column says whether SQL-level
-/// prepared statements are left (then the connection is discarded: `DEALLOCATE ALL` would also
-/// drop the client's own). `role` and `session_authorization` are not settings a plugin can
-/// move: its connection logs in as its own role, a member of none.
-const SESSION_RESET: &str = "RESET ALL; DISCARD TEMP; CLOSE ALL; UNLISTEN *";
-const SESSION_CHECK: &str = "SELECT pg_advisory_unlock_all(), \
-     EXISTS (SELECT 1 FROM pg_prepared_statements WHERE from_sql)";
-
-impl std::fmt::Debug for Wall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wall").finish_non_exhaustive()
-    }
-}
+/// Sent after every COMMIT or ROLLBACK of a delivery, in the same round trip, so nothing a
+/// plugin left in the session outlives its delivery: settings (`pg_settings`, `set_config(...,
+/// false)`), temporary tables and functions, held cursors, LISTEN (effective at once: these run
+/// in a transaction of their own after the delivery's ended), session advisory locks. The last
+/// row says whether SQL-level prepared statements are left: then the connection is closed, not
+/// kept (`DEALLOCATE ALL` would also drop the client's own). `role` and `session_authorization`
+/// are not settings a plugin can move: its connection logs in as its own role, a member of none.
+const SESSION_RESET: &str = "RESET ALL; DISCARD TEMP; CLOSE ALL; UNLISTEN *; \
+     SELECT pg_advisory_unlock_all(); \
+     SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE from_sql)";
 
 /// `name` as a quoted identifier.
 pub fn quote_ident(name: &str) -> String {
@@ -55,9 +52,10 @@ impl Wall {
     /// through `pool`, a pool of the host's own role.
     ///
     /// A delivery's transaction begins (one round trip) with `READ WRITE` at `isolation`, the
-    /// session reset, the host's `synchronous_commit` and `statement_timeout`: nothing a
-    /// plugin set earlier — in the session, or for its role (`ALTER ROLE ... SET`) — decides
-    /// how the host's own statements run.
+    /// host's `synchronous_commit` and `statement_timeout`, and commits with that
+    /// `synchronous_commit` again: nothing a plugin set — in its transaction, or for its role
+    /// (`ALTER ROLE ... SET`) — decides how the host's own statements and the COMMIT run. The
+    /// session is reset as the delivery ends ([`SESSION_RESET`]).
     pub async fn load(
         pool: &PgPool,
         isolation: crate::config::Isolation,
@@ -78,24 +76,21 @@ impl Wall {
             "SET LOCAL synchronous_commit = '{}'",
             synchronous_commit.replace('\'', "''")
         );
-        let commit_sql = format!("{durability}; COMMIT");
+        let commit_sql = format!("{durability}; COMMIT; {SESSION_RESET}");
+        let rollback_sql = format!("ROLLBACK; {SESSION_RESET}");
         let begin_sql = format!(
-            "BEGIN ISOLATION LEVEL {} READ WRITE; {SESSION_RESET}; {durability}; \
-             SET LOCAL statement_timeout = {}; {SESSION_CHECK}",
+            "BEGIN ISOLATION LEVEL {} READ WRITE; {durability}; SET LOCAL statement_timeout = {}",
             isolation.sql(),
             statement_timeout.as_millis().max(1)
         );
         Ok(Wall {
             key,
-            claim_sql: format!(
-                "SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_backend_pid()"
-            ),
+            claim_sql: format!("SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_backend_pid()"),
             claim_all_sql: format!("SELECT {s}.idemhost_claim_all($1, $2, $3, $4)"),
-            outbox_sql: format!(
-                "SELECT {s}.idemhost_outbox_insert($1, $2, $3, $4, $5, $6, $7)"
-            ),
+            outbox_sql: format!("SELECT {s}.idemhost_outbox_insert($1, $2, $3, $4, $5, $6, $7)"),
             commit_sql,
             begin_sql,
+            rollback_sql,
         })
     }
 }
@@ -198,11 +193,7 @@ pub async fn role_pool(
 /// creates it when missing (if the host's role may create roles), grants it the host's claim
 /// and outbox functions, the schema and `consumer.tables`, then checks what it can reach.
 /// An error says exactly what an administrator has to run instead.
-pub async fn provision(
-    pool: &PgPool,
-    consumer: &ConsumerConfig,
-    role: &str,
-) -> anyhow::Result<()> {
+pub async fn provision(pool: &PgPool, consumer: &ConsumerConfig, role: &str) -> anyhow::Result<()> {
     provision_role(
         pool,
         &consumer.name,
@@ -246,18 +237,41 @@ pub async fn provision_role(
         format!("GRANT EXECUTE ON FUNCTION {functions} TO {r}"),
     ];
     for table in tables {
-        let t = qualified(&schema, table);
-        grants.push(format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {t} TO {r}"
-        ));
+        if table == "*" {
+            grants.push(format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {r}"
+            ));
+        } else {
+            let t = qualified(&schema, table);
+            grants.push(format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {t} TO {r}"
+            ));
+        }
     }
     if !tables.is_empty() {
         grants.push(format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"));
-        // ... and take back the host's own sequence, which the statement above included.
-        grants.push(format!("REVOKE ALL ON SEQUENCE {s}.outbox_message_id_seq FROM {r}"));
+        // ... and take back the host's own relations, which the statements above may include.
+        for relation in HOST_RELATIONS {
+            let kind = if relation.ends_with("_seq") {
+                "SEQUENCE"
+            } else {
+                "TABLE"
+            };
+            grants.push(format!("REVOKE ALL ON {kind} {s}.{relation} FROM {r}"));
+        }
     }
     // The host may then stop a plugin's statement on the server at its deadline.
-    grants.push(format!("GRANT {r} TO CURRENT_USER"));
+    let member: bool = if exists {
+        sqlx::query_scalar("SELECT pg_has_role(current_user, $1, 'MEMBER')")
+            .bind(role)
+            .fetch_one(&mut *tx)
+            .await?
+    } else {
+        false
+    };
+    if !member {
+        grants.push(format!("GRANT {r} TO CURRENT_USER"));
+    }
     let create = format!(
         "CREATE ROLE {r} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT{}",
         match password {
@@ -292,7 +306,10 @@ pub async fn provision_role(
         if let Some(password) = password {
             sql.push_str(&format!(" PASSWORD '{}'", password.replace('\'', "''")));
         }
-        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *tx).await {
+        if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await
+        {
             return Err(advice(&describe(&e)));
         }
     }

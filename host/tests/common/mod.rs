@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures::StreamExt;
-use idemhost::{ClaimSettings, Claimer, Config, Host, Message, PluginLimits, PluginRuntime, WasmHandler};
+use idemhost::{
+    ClaimSettings, Claimer, Config, Host, Message, PluginLimits, PluginRuntime, WasmHandler,
+};
 use rand::Rng;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -151,9 +153,15 @@ impl TestEnv {
     pub async fn plugin_claimer(&self, settings: ClaimSettings, tables: &[&str]) -> Claimer {
         let role = self.plugin_role(&settings.consumer_name);
         let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
-        idemhost::pg::wall::provision_role(&self.pool, &settings.consumer_name, &role, &tables, None)
-            .await
-            .unwrap();
+        idemhost::pg::wall::provision_role(
+            &self.pool,
+            &settings.consumer_name,
+            &role,
+            &tables,
+            None,
+        )
+        .await
+        .unwrap();
         let options =
             idemhost::pg::wall::connect_as(PG_URL, Some(&self.schema), &self.schema, &role, None)
                 .unwrap();
@@ -567,13 +575,19 @@ pub fn config(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &s
 
 /// The TOML of [`config`]; top-level tables (`[admin]`, `[plugins]`) may be appended.
 pub fn config_text(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &str) -> String {
-    // The plugin's role is granted the example's table unless the test says otherwise.
+    // The plugin's role is granted the schema's tables (those made before the host starts)
+    // unless the test says otherwise.
     let tables = if extra.contains("tables =") {
         String::new()
     } else {
-        "tables = [\"inventory\"]\n".to_string()
+        "tables = [\"*\"]\n".to_string()
     };
-    let extra = format!("{tables}{extra}");
+    let publish = if extra.contains("publish_subjects =") {
+        String::new()
+    } else {
+        "publish_subjects = [\">\"]\n".to_string()
+    };
+    let extra = format!("{tables}{publish}{extra}");
     format!(
         "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\n\n[[consumer]]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{extra}\n",
         env.postgres_toml(),
