@@ -5,6 +5,7 @@
 # Prints both and the host/pgbench ratios. Not a test: figures vary ±15% run to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 N=${N:-20000}
 PEERS=${PEERS:-../shared/peers}
 scripts/build-plugins.sh >/dev/null

@@ -5,6 +5,7 @@
 # (native Rust handler beside them). Not a test: figures vary ±15% run to run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 N=${N:-20000}
 scripts/build-plugins.sh >/dev/null
 cargo build --quiet --release -p idemhost --example throughput

@@ -7,6 +7,7 @@
 #   N=5000 IN_FLIGHT=16 scripts/bench-order-flow.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 scripts/build-plugins.sh rust py >/dev/null
 cargo build --quiet --release -p idemhost --example order_flow_bench
 target/release/examples/order_flow_bench --n "${N:-2000}" --in-flight "${IN_FLIGHT:-8}"

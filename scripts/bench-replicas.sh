@@ -8,6 +8,7 @@
 #   scripts/bench-replicas.sh                    # N=20000, IN_FLIGHT=8, replicas 1,2,3
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 N=${N:-20000}
 IN_FLIGHT=${IN_FLIGHT:-8}
 PEERS=${PEERS:-../shared/peers}

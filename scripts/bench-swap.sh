@@ -6,6 +6,7 @@
 # with every message's effect verified by SQL. Not a test: figures vary run to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 N=${N:-20000}
 scripts/build-plugins.sh rust py c >/dev/null
 cargo build --quiet --release -p idemhost --example swap

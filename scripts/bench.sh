@@ -7,6 +7,7 @@
 # (`scripts/bench.sh --n 5000 --duplicates 0.2`; `--help` lists them). A few minutes here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 scripts/build-plugins.sh rust >/dev/null
 cargo build --quiet --release -p idemhost
 exec target/release/idemhost bench "$@"

@@ -5,6 +5,7 @@
 # missing. Prints the image's size. IMAGE=name:tag overrides the tag.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 IMAGE=${IMAGE:-localhost/idemhost:latest}
 
 missing=()

@@ -10,6 +10,7 @@
 #   scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 export PGDATABASE=${PGDATABASE:-test} PGOPTIONS="-c client_min_messages=warning"
 CONFIG=examples/order-flow/idemhost.toml
 PROVIDER_CONFIG=examples/order-flow/provider.toml

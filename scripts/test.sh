@@ -6,6 +6,7 @@
 # any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-build-deps.sh
 
 pg_url=${IDEMHOST_TEST_PG:-postgres://root@127.0.0.1:5432/test}
 psql -q -X "$pg_url" -c 'SELECT 1' >/dev/null 2>&1 \

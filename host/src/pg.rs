@@ -133,52 +133,6 @@ pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> 
         .map_err(|e| anyhow::anyhow!("failed to apply idemhost migrations: {e}"))
 }
 
-/// `text` as a PostgreSQL escape-string literal (`E'...'`: quotes doubled, backslashes
-/// escaped), whatever `standard_conforming_strings` is; `None` for text PostgreSQL cannot hold
-/// (a NUL character).
-pub fn literal(text: &str) -> Option<String> {
-    if text.contains('\0') {
-        return None;
-    }
-    let mut out = String::with_capacity(text.len() + 4);
-    out.push_str("E'");
-    for c in text.chars() {
-        match c {
-            '\'' => out.push_str("''"),
-            '\\' => out.push_str("\\\\"),
-            c => out.push(c),
-        }
-    }
-    out.push('\'');
-    Some(out)
-}
-
-/// `template` with each `$n` replaced by `values[n - 1]`, in one pass: a value is never scanned
-/// again, so one that contains `$2` stays as it is.
-pub fn with_values(template: &str, values: &[String]) -> String {
-    let mut out =
-        String::with_capacity(template.len() + values.iter().map(String::len).sum::<usize>());
-    let mut rest = template;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let digits = rest[at + 1..]
-            .bytes()
-            .take_while(u8::is_ascii_digit)
-            .count();
-        let value = rest[at + 1..at + 1 + digits]
-            .parse::<usize>()
-            .ok()
-            .and_then(|n| values.get(n.checked_sub(1)?));
-        match value {
-            Some(v) => out.push_str(v),
-            None => out.push_str(&rest[at..at + 1 + digits]),
-        }
-        rest = &rest[at + 1 + digits..];
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,23 +156,5 @@ mod tests {
             "postgres://app:***@db:5432/x"
         );
         assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
-    }
-
-    #[test]
-    fn literals_cannot_break_out() {
-        assert_eq!(literal("evt-1").as_deref(), Some("E'evt-1'"));
-        assert_eq!(literal("a'b").as_deref(), Some("E'a''b'"));
-        assert_eq!(literal("a\\'; DROP").as_deref(), Some("E'a\\\\''; DROP'"));
-        assert_eq!(literal("a\0b"), None);
-        let sql = with_values(
-            "VALUES ($1, $2, $3)",
-            &[
-                literal("$2").unwrap_or_default(),
-                literal("x").unwrap_or_default(),
-                literal("$1").unwrap_or_default(),
-            ],
-        );
-        assert_eq!(sql, "VALUES (E'$2', E'x', E'$1')");
-        assert_eq!(with_values("$4 $1", &["a".into()]), "$4 a");
     }
 }

@@ -130,10 +130,10 @@ async fn an_event_type_the_plugin_does_not_know_is_terminal() {
     env.cleanup().await;
 }
 
-/// The claim goes to PostgreSQL with `BEGIN` in one simple query, its values written as string
-/// literals: ids made to break out of a literal stay data, are claimed once and are duplicates
-/// the second time; an id PostgreSQL cannot store (a NUL) takes the bound-parameter path and is
-/// refused with no marker and no effect.
+/// The claim goes to PostgreSQL with its values as bound parameters of the host's claim
+/// function: ids made to break out of SQL stay data, are claimed once and are duplicates the
+/// second time; an id PostgreSQL cannot store (a NUL) is refused by the server (22021,
+/// terminal) with no marker and no effect.
 #[tokio::test]
 async fn ids_that_look_like_sql_stay_data() {
     let env = TestEnv::new("sql_ids").await;
