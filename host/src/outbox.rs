@@ -105,8 +105,10 @@ pub fn event_headers(
         }
         let lower = name.to_ascii_lowercase();
         // `Nats-*` steer the broker (ids, expected stream or sequence, rollups, TTLs);
-        // `Idemhost-*` are the host's (message id, causation, failure reason).
-        if lower.starts_with("nats-") || lower.starts_with("idemhost-") {
+        // `Idemhost-*` are the host's (message id, causation, failure reason, replay audit),
+        // except the two a producer sets for its consumers.
+        let producer_header = lower == "idemhost-event-type" || lower == "idemhost-ordering-key";
+        if lower.starts_with("nats-") || (lower.starts_with("idemhost-") && !producer_header) {
             return Err(format!(
                 "event header {name} is set by the host (ids derive from the source message)"
             ));
@@ -256,6 +258,8 @@ mod tests {
             "nats-expected-stream",
             "Idemhost-Message-Id",
             "Idemhost-Causation-Id",
+            "Idemhost-Failure-Reason",
+            "idemhost-replayed-from",
             "a:b",
             "",
         ] {

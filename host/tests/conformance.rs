@@ -331,23 +331,23 @@ async fn template_env(tag: &str, lang: &str) -> TestEnv {
     env
 }
 
+/// The template records the refusal it was given and returns `ok`: the refusal still fails the
+/// attempt (its reason names what was refused), and nothing of it commits.
 async fn refused_sql_reaches_the_plugin_as_an_error(lang: &str) {
     let env = template_env("refused", lang).await;
     let (p, c) = (plugin(&template_name(lang)), claimer(&env));
     let msg = event("evt-refused", "conformance.refused-sql", b"{}");
-    assert_eq!(c.process(p.as_ref(), &msg).await.outcome, Outcome::Applied);
-    let error: String = sqlx::query_scalar(
-        "SELECT error FROM conformance_refusal WHERE message_id = 'evt-refused'",
-    )
-    .fetch_one(&env.pool)
-    .await
-    .unwrap();
-    assert!(error.contains("processed_message"), "{lang}: {error}");
-    assert_eq!(
-        env.markers(CONSUMER).await,
-        1,
-        "the refusal left the marker alone"
+    let outcome = c.process(p.as_ref(), &msg).await.outcome;
+    assert!(
+        matches!(&outcome, Outcome::RetryableFailure(r) if r.contains("refused") && r.contains("processed_message")),
+        "{lang}: {outcome:?}"
     );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM conformance_refusal").await,
+        0,
+        "{lang}: the plugin's write after the refusal rolled back"
+    );
+    assert_eq!(env.markers(CONSUMER).await, 0, "{lang}: no marker");
     env.cleanup().await;
 }
 

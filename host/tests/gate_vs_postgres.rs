@@ -16,6 +16,7 @@ use std::sync::LazyLock;
 
 use common::*;
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use sqlx::{Connection, PgConnection};
 
 /// One schema for every case, with the host's tables and the example's.
@@ -32,7 +33,11 @@ static SHARED: LazyLock<Shared> = LazyLock::new(|| {
         .unwrap();
     let (schema, conn) = runtime.block_on(async {
         // Earlier runs' schemas (this one lives as long as the test process).
-        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(PG_URL).await.unwrap();
+        let admin = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(PG_URL)
+            .await
+            .unwrap();
         let old: Vec<String> = sqlx::query_scalar(
             "SELECT nspname::text FROM pg_namespace WHERE starts_with(nspname, 't_gate_')",
         )
@@ -40,9 +45,11 @@ static SHARED: LazyLock<Shared> = LazyLock::new(|| {
         .await
         .unwrap();
         for schema in old {
-            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-                .execute(&admin)
-                .await;
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA \"{schema}\" CASCADE"
+            )))
+            .execute(&admin)
+            .await;
         }
         let env = TestEnv::new("gate").await;
         env.seed_inventory(&[("sku-1", 10)]).await;
@@ -51,7 +58,8 @@ static SHARED: LazyLock<Shared> = LazyLock::new(|| {
              INSERT INTO processed_message_handler VALUES ('c', 'm', 'd');",
         )
         .await;
-        let options = idemhost::pg::connect_options(PG_URL, Some(&env.schema), "gate-check").unwrap();
+        let options =
+            idemhost::pg::connect_options(PG_URL, Some(&env.schema), "gate-check").unwrap();
         let conn = PgConnection::connect_with(&options).await.unwrap();
         (env.schema.clone(), conn)
     });
@@ -101,7 +109,10 @@ fn call() -> impl Strategy<Value = String> {
         Just("pg_advisory_lock(7)".to_string()),
         Just("pg_advisory_xact_lock(7)".to_string()),
         Just("query_to_xml('select count(*) from processed_message', true, true, '')".to_string()),
-        Just("query_to_xml('select set_config(''lock_timeout'', ''7'', false)', true, true, '')".to_string()),
+        Just(
+            "query_to_xml('select set_config(''lock_timeout'', ''7'', false)', true, true, '')"
+                .to_string()
+        ),
         Just("{schema}.idemhost_claim('k', 'c', 'i', NULL)".to_string()),
         Just("pg_sleep(0)".to_string()),
     ]
@@ -115,7 +126,9 @@ fn statement() -> impl Strategy<Value = String> {
         2 => format!("SELECT {f} FROM inventory"),
         3 => format!("TABLE {rel} LIMIT 1"),
         4 => format!("DELETE FROM {rel} WHERE random() < 0"),
-        5 => format!("WITH d AS (DELETE FROM {rel} WHERE random() < 0 RETURNING 1) SELECT count(*) FROM d"),
+        5 => format!(
+            "WITH d AS (DELETE FROM {rel} WHERE random() < 0 RETURNING 1) SELECT count(*) FROM d"
+        ),
         6 => format!("VALUES ((SELECT count(*) FROM {rel}))"),
         7 => format!("SELECT * INTO TEMP t_gate FROM {rel}"),
         8 => format!("SELECT 1 FROM inventory WHERE sku IN (SELECT {f}::text)"),
@@ -146,7 +159,13 @@ fn scramble(sql: &str, mask: u64) -> String {
     // keywords; inside quotes they make another name, which is fine to generate too.
     sql.chars()
         .enumerate()
-        .map(|(i, c)| if (mask >> (i % 64)) & 1 == 1 { c.to_ascii_uppercase() } else { c })
+        .map(|(i, c)| {
+            if (mask >> (i % 64)) & 1 == 1 {
+                c.to_ascii_uppercase()
+            } else {
+                c
+            }
+        })
         .collect()
 }
 
@@ -166,7 +185,11 @@ type State = (i64, String, i64, i64, i64, i64, i64, Option<String>);
 
 async fn state(conn: &mut PgConnection) -> State {
     let host: Vec<String> = HOST.iter().map(|s| s.to_string()).collect();
-    sqlx::query_as(STATE_SQL).bind(host).fetch_one(conn).await.unwrap()
+    sqlx::query_as(STATE_SQL)
+        .bind(host)
+        .fetch_one(conn)
+        .await
+        .unwrap()
 }
 
 /// Runs `sql` as the host would run a plugin's (extended protocol, one statement), as a
@@ -274,5 +297,8 @@ fn generated_statements_reach_both_verdicts() {
             refused += 1;
         }
     }
-    assert!(accepted >= 30 && ran >= 20 && refused >= 100, "accepted {accepted}, ran {ran}, refused {refused}");
+    assert!(
+        accepted >= 30 && ran >= 20 && refused >= 100,
+        "accepted {accepted}, ran {ran}, refused {refused}"
+    );
 }

@@ -282,9 +282,12 @@ async fn dlq_replay_keeps_the_original_id() {
     let line = out.lines().find(|l| l.contains("m-1")).unwrap_or_default();
     assert!(line.contains("ops_late"), "the reason: {out}");
 
-    // The fix: the missing table. The replay applies m-1 once, under its own id.
-    env.execute("CREATE TABLE ops_late (message_id text NOT NULL)")
-        .await;
+    // The fix: the missing table, granted to the plugin's role. The replay applies m-1 once, under its own id.
+    env.execute(&format!(
+        "CREATE TABLE ops_late (message_id text NOT NULL); GRANT INSERT ON ops_late TO {}",
+        env.plugin_role(NAME)
+    ))
+    .await;
     let (code, out, err) = op(&["dlq", "replay"], config, NAME, &["--message-id", "m-1"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("as m-1 to"), "{out}");

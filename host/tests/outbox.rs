@@ -64,7 +64,7 @@ async fn events_leave_only_with_their_commit() {
         &format!(r#"{{"steps":[{},{{"fail":"terminal"}}]}}"#, step("never")),
     )
     .await;
-    // Refused events are errors the handler sees (here recorded, then committed without them).
+    // Refused events are errors the handler sees, and fail the delivery.
     let refused = format!(
         r#"{{"keep_going":true,"steps":[{{"publish":"{out}","headers":[["Nats-Msg-Id","x"]]}},{{"publish":"a.*"}},{{"record_errors":"ob_errors"}}]}}"#
     );
@@ -118,22 +118,23 @@ async fn events_leave_only_with_their_commit() {
         first.get("Idemhost-Event-Type").map(|v| v.as_str()),
         Some("ThingHappened")
     );
-    let errors: Vec<String> = sqlx::query_scalar("SELECT error FROM ob_errors ORDER BY error")
-        .fetch_all(&env.pool)
-        .await
-        .unwrap();
-    assert_eq!(errors.len(), 2, "{errors:?}");
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.contains("Nats-Msg-Id is set by the host")),
-        "{errors:?}"
+    // A refused event fails its delivery even though the handler swallowed the refusal:
+    // nothing of it committed, and it was dead-lettered with the refusal as its reason.
+    assert_eq!(env.scalar("SELECT count(*) FROM ob_errors").await, 0);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'refused-1'")
+            .await,
+        0
     );
+    let letters = nats.dead_letters().await;
+    let reason = letters
+        .iter()
+        .filter_map(|(h, _)| h.get("Idemhost-Failure-Reason").map(|v| v.to_string()))
+        .find(|r| r.contains("refused"))
+        .unwrap_or_default();
     assert!(
-        errors
-            .iter()
-            .any(|e| e.contains("invalid event subject \"a.*\"")),
-        "{errors:?}"
+        reason.contains("Nats-Msg-Id is set by the host"),
+        "{letters:?}"
     );
 
     let metrics =

@@ -427,6 +427,26 @@ const TABLES_SQL: &str = "
     INSERT INTO secret VALUES (42);
     INSERT INTO inventory VALUES ('sku-w', 1000000, 0), ('sku-h', 1000000, 0);";
 
+/// A `probe` row: label, pid, eight settings and user names, five leftover counts.
+type ProbeRow = (
+    String,
+    i32,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+);
+
 /// How the host and the plugin's role are set up.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum SetUp {
@@ -704,24 +724,7 @@ async fn attack_the_wall(setup: SetUp) {
         role, db.host_user,
         "the plugin must not run as the host's role"
     );
-    let rows: Vec<(
-        String,
-        i32,
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-    )> = sqlx::query_as("SELECT * FROM probe")
+    let rows: Vec<ProbeRow> = sqlx::query_as("SELECT * FROM probe")
         .fetch_all(&check)
         .await
         .unwrap();
@@ -936,4 +939,91 @@ async fn no_escape_in_the_hardened_set_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_escape_without_the_gate() {
     attack_the_wall(SetUp::Ungated).await;
+}
+
+/// The config of one testkit consumer for `db`, with extra consumer keys.
+fn one_consumer(db: &Db, nats: &NatsEnv, extra: &str) -> idemhost::Config {
+    parse_config(&format!(
+        "[nats]\nurl = \"{NATS_URL}\"\n{}\n[[consumer]]\nname = \"{WALL}\"\nstream = \"{}\"\n\
+         subjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{extra}\n",
+        db.postgres_toml(),
+        nats.stream,
+        nats.subject(),
+        plugin_path("testkit").display(),
+        nats.dlq(),
+    ))
+}
+
+async fn start_error(config: idemhost::Config) -> String {
+    let run = idemhost::Host::new(config).run(
+        idemhost::host::RunOptions::default(),
+        std::future::pending::<()>(),
+    );
+    match tokio::time::timeout(Duration::from_secs(60), run).await {
+        Ok(Err(e)) => format!("{e:#}"),
+        Ok(Ok(())) => panic!("the host ran"),
+        Err(_) => panic!("the host started instead of refusing"),
+    }
+}
+
+/// A host that may not create roles, with no `consumer.role`, refuses to start — it never runs
+/// the plugin as itself — and says exactly what an administrator has to run.
+#[tokio::test]
+async fn without_a_role_a_host_that_cannot_create_one_says_what_to_run() {
+    let db = Db::new(SetUp::Hardened).await;
+    let nats = NatsEnv::new("norole", Duration::from_secs(60)).await;
+    let error = start_error(one_consumer(&db, &nats, "tables = [\"inventory\"]")).await;
+    let role = format!("idemhost_{}_wall_v1", db.schema);
+    for expected in [
+        format!("CREATE ROLE \"{role}\" LOGIN"),
+        format!("GRANT USAGE ON SCHEMA \"{}\" TO \"{role}\"", db.schema),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE \"{}\".\"inventory\" TO \"{role}\"",
+            db.schema
+        ),
+        format!("GRANT \"{role}\" TO CURRENT_USER"),
+    ] {
+        assert!(
+            error.contains(&expected),
+            "{expected:?} missing from: {error}"
+        );
+    }
+    nats.cleanup().await;
+    db.cleanup().await;
+}
+
+/// Roles that would let a plugin reach past its grants are refused at start: a superuser, the
+/// host's own role, a member of the host's role, one with a privilege on a host table.
+#[tokio::test]
+async fn a_role_that_reaches_past_its_grants_is_refused() {
+    let db = Db::new(SetUp::Default).await;
+    let nats = NatsEnv::new("badrole", Duration::from_secs(60)).await;
+    let tag = db.schema.replace("t_", "");
+    let member = format!("m_{tag}");
+    let peeker = format!("k_{tag}");
+    for sql in [
+        format!("CREATE ROLE {member} LOGIN IN ROLE root"),
+        format!("CREATE ROLE {peeker} LOGIN"),
+        format!(
+            "GRANT SELECT ON {}.processed_message TO {peeker}",
+            db.schema
+        ),
+    ] {
+        run(&db.admin, &sql).await;
+    }
+    for (role, why) in [
+        ("root", "superuser"),
+        (member.as_str(), "member of root"),
+        (peeker.as_str(), "privilege on the host's processed_message"),
+    ] {
+        let error = start_error(one_consumer(&db, &nats, &format!("role = \"{role}\""))).await;
+        assert!(
+            error.contains("refusing to run its plugin") && error.contains(why),
+            "{role}: {error}"
+        );
+    }
+    let mut db = db;
+    db.roles.extend([member, peeker]);
+    nats.cleanup().await;
+    db.cleanup().await;
 }

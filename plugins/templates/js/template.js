@@ -70,7 +70,12 @@ function conformance(tx, msg, kase) {
         refusal = errorText(e);
       }
       if (refusal === undefined) throw terminal('the host accepted a statement on processed_message');
-      tx.execute('INSERT INTO conformance_refusal (message_id, error) VALUES ($1, $2)', [text(msg.id), text(refusal)]);
+      // The refusal already fails the attempt; this write only shows it is not committed.
+      try {
+        tx.execute('INSERT INTO conformance_refusal (message_id, error) VALUES ($1, $2)', [text(msg.id), text(refusal)]);
+      } catch (e) {
+        throw retryable(errorText(e));
+      }
       return;
     }
     case 'trap':
