@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
+TARGET=$(scripts/target-dir.sh)
 N=${N:-20000}
 PEERS=${PEERS:-../shared/peers}
 scripts/build-plugins.sh >/dev/null
@@ -14,7 +15,7 @@ out=$(mktemp -d)
 echo "== pgbench, seed transaction (T=${T:-10}s per client count)"
 bash "$PEERS/pgbench/run.sh" | tee "$out/pgbench.txt"
 echo "== idemhost, N=$N"
-target/release/examples/throughput --n "$N" --in-flight 1,16 | tee "$out/host.txt"
+"$TARGET"/release/examples/throughput --n "$N" --in-flight 1,16 | tee "$out/host.txt"
 python3 - "$out/pgbench.txt" "$out/host.txt" <<'PY'
 import json, re, sys
 tps = {}

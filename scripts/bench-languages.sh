@@ -6,11 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
+TARGET=$(scripts/target-dir.sh)
 N=${N:-20000}
 scripts/build-plugins.sh >/dev/null
 cargo build --quiet --release -p idemhost --example throughput
 out=$(mktemp)
-target/release/examples/throughput --n "$N" --in-flight 16 --languages \
+"$TARGET"/release/examples/throughput --n "$N" --in-flight 16 --languages \
   --handler wasm:inventory,wasm:inventory-py,wasm:inventory-js,wasm:inventory-c,native | tee "$out"
 python3 - "$out" <<'PY'
 import json, sys

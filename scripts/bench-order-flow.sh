@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
+TARGET=$(scripts/target-dir.sh)
 scripts/build-plugins.sh rust py >/dev/null
 cargo build --quiet --release -p idemhost --example order_flow_bench
-target/release/examples/order_flow_bench --n "${N:-2000}" --in-flight "${IN_FLIGHT:-8}"
+"$TARGET"/release/examples/order_flow_bench --n "${N:-2000}" --in-flight "${IN_FLIGHT:-8}"

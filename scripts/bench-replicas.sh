@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
+TARGET=$(scripts/target-dir.sh)
 N=${N:-20000}
 IN_FLIGHT=${IN_FLIGHT:-8}
 PEERS=${PEERS:-../shared/peers}
@@ -16,7 +17,7 @@ scripts/build-plugins.sh rust >/dev/null
 cargo build --quiet --release -p idemhost --bin idemhost --example replicas
 out=$(mktemp -d)
 echo "== idemhost replicas, N=$N, max_in_flight $IN_FLIGHT each"
-target/release/examples/replicas --n "$N" --in-flight "$IN_FLIGHT" --replicas 1,2,3 | tee "$out/host.txt"
+"$TARGET"/release/examples/replicas --n "$N" --in-flight "$IN_FLIGHT" --replicas 1,2,3 | tee "$out/host.txt"
 echo "== pgbench, seed transaction at the same total concurrency (T=${T:-10}s)"
 (cd "$PEERS/pgbench" && psql -q -d "${DB:-test}" -f ../node-seed/reset.sql)
 for r in 1 2 3; do

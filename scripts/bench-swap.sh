@@ -7,10 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
+TARGET=$(scripts/target-dir.sh)
 N=${N:-20000}
 scripts/build-plugins.sh rust py c >/dev/null
 cargo build --quiet --release -p idemhost --example swap
-target/release/examples/swap --n "$N" --from inventory --to inventory-c
+"$TARGET"/release/examples/swap --n "$N" --from inventory --to inventory-c
 # Python compiles for seconds: enough messages must remain to see the swap land.
-target/release/examples/swap --n "${N_PY:-60000}" --from inventory --to inventory-py
-target/release/examples/swap --n "$N" --from inventory --to inventory-py --cached
+"$TARGET"/release/examples/swap --n "${N_PY:-60000}" --from inventory --to inventory-py
+"$TARGET"/release/examples/swap --n "$N" --from inventory --to inventory-py --cached

@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
+TARGET=$(scripts/target-dir.sh)
 scripts/build-plugins.sh rust >/dev/null
 cargo build --quiet --release -p idemhost
-exec target/release/idemhost bench "$@"
+exec "$TARGET"/release/idemhost bench "$@"

@@ -28,7 +28,7 @@ start=$SECONDS
 cargo build --quiet --release --target x86_64-unknown-linux-musl -p idemhost --bin idemhost
 # The image gets a copy without symbols (a third of the size); the build keeps its own.
 mkdir -p target/image
-strip -o target/image/idemhost target/x86_64-unknown-linux-musl/release/idemhost
+strip -o target/image/idemhost "$(scripts/target-dir.sh)"/x86_64-unknown-linux-musl/release/idemhost
 bin=target/image/idemhost
 echo "   built in $((SECONDS - start))s: $(stat -c %s "$bin") bytes stripped, $(file -b "$bin" | grep -o 'static[-a-z]* linked')"
 scripts/build-plugins.sh rust >/dev/null

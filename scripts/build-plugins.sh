@@ -43,7 +43,7 @@ if want rust; then
   say "rust: inventory, testkit, template-rust, versioned-a/b, order-flow (reservation, notification, analytics)"
   rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
   cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
-  out=plugins/target/wasm32-wasip2/release
+  out=$(scripts/target-dir.sh plugins/Cargo.toml)/wasm32-wasip2/release
   cp "$out/inventory.wasm" "$DIST/inventory.wasm"
   cp "$out/testkit.wasm" "$DIST/testkit.wasm"
   cp "$out/template_rust.wasm" "$DIST/template-rust.wasm"

@@ -20,8 +20,9 @@ NATS=${IDEMHOST_NATS__URL:-nats://127.0.0.1:4222}
 echo "== building the plugins, the host and the fake payment provider"
 scripts/build-plugins.sh
 cargo build --quiet -p idemhost --bin idemhost --example order_flow_provider
-BIN=target/debug/idemhost
-PROVIDER=target/debug/examples/order_flow_provider
+TARGET=$(scripts/target-dir.sh)
+BIN=$TARGET/debug/idemhost
+PROVIDER=$TARGET/debug/examples/order_flow_provider
 
 echo "== fresh schema $SCHEMA: host migrations, the example's tables, stock"
 psql -q -X -h 127.0.0.1 -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE"

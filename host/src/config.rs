@@ -64,8 +64,10 @@ impl Default for NatsConfig {
 pub struct PostgresConfig {
     /// Connection URL, e.g. `postgres://app@127.0.0.1:5432/app`.
     pub url: String,
-    /// Pool size. Every in-flight delivery holds one connection, so the sum of the consumers'
-    /// `max_in_flight` should not exceed it.
+    /// Size of the host's own pool: native handlers' deliveries (each holds one connection),
+    /// the outbox relay, samplers, the host's checks. A plugin's deliveries run on a pool of
+    /// their own, logged in as the consumer's role, of `max_in_flight` connections: the server
+    /// must allow this plus the sum of the plugin consumers' `max_in_flight`.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
     /// Schema put first on the search path (markers and handler tables live there).

@@ -113,13 +113,55 @@ const MAX_DEPTH: usize = 400;
 /// kind, no `SELECT ... INTO`, no host relation, no refused function — judged on what the
 /// server would parse, so comments, quoting, escapes and case cannot disguise anything.
 pub fn check(sql: &str) -> Result<(), String> {
+    if crate::failpoint::selected("ungated") {
+        return Ok(());
+    }
+    if let Some(verdict) = VERDICTS.get(sql) {
+        return verdict;
+    }
+    let verdict = judge(sql);
+    VERDICTS.put(sql, &verdict);
+    verdict
+}
+
+/// The verdicts of recent statements. A plugin sends the same few statement texts over and
+/// over; parsing each (libpg_query, then the tree as JSON) costs far more than the lookup.
+/// Bounded: when full it is emptied, so a plugin sending endless distinct texts only pays the
+/// parse it would have paid anyway.
+static VERDICTS: Verdicts = Verdicts(std::sync::Mutex::new(None));
+
+struct Verdicts(std::sync::Mutex<Option<std::collections::HashMap<String, Result<(), String>>>>);
+
+/// Statements whose verdicts are kept (texts up to [`MAX_CACHED_SQL_BYTES`]).
+const MAX_CACHED: usize = 4096;
+const MAX_CACHED_SQL_BYTES: usize = 4096;
+
+impl Verdicts {
+    fn get(&self, sql: &str) -> Option<Result<(), String>> {
+        let map = self.0.lock().ok()?;
+        map.as_ref()?.get(sql).cloned()
+    }
+
+    fn put(&self, sql: &str, verdict: &Result<(), String>) {
+        if sql.len() > MAX_CACHED_SQL_BYTES {
+            return;
+        }
+        if let Ok(mut map) = self.0.lock() {
+            let map = map.get_or_insert_with(std::collections::HashMap::new);
+            if map.len() >= MAX_CACHED {
+                map.clear();
+            }
+            map.insert(sql.to_owned(), verdict.clone());
+        }
+    }
+}
+
+/// [`check`] without the cache.
+fn judge(sql: &str) -> Result<(), String> {
     if sql.len() > MAX_SQL_BYTES {
         return Err(format!(
             "statement refused: longer than {MAX_SQL_BYTES} bytes"
         ));
-    }
-    if crate::failpoint::selected("ungated") {
-        return Ok(());
     }
     if sql.contains('\0') {
         return Err("statement refused: NUL character".into());

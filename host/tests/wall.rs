@@ -904,6 +904,7 @@ async fn attack_the_wall(setup: SetUp) {
     healthy.cleanup().await;
     check.close().await;
     db.cleanup().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn tempfile_dir(tag: &str) -> std::path::PathBuf {
