@@ -29,6 +29,12 @@ BEGIN
         CREATE FUNCTION %1$I.idemhost_authorize(p_key text) RETURNS void
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
         BEGIN
+            -- Text parameters are read in the session's client_encoding: one a plugin changed
+            -- (e.g. through a function that runs SQL) would store another id than the one sent.
+            IF current_setting('client_encoding') <> 'UTF8' THEN
+                RAISE EXCEPTION 'idemhost: client_encoding is %%, not UTF8',
+                    current_setting('client_encoding') USING ERRCODE = '55000';
+            END IF;
             IF p_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM %1$I.idemhost_key k
                 WHERE sha256(convert_to(k.key, 'UTF8')) = sha256(convert_to(p_key, 'UTF8'))

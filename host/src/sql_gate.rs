@@ -56,6 +56,7 @@ const REFUSED_FUNCTIONS: &[&str] = &[
     "pg_advisory_unlock_shared",
     "pg_advisory_unlock_all",
     "pg_notify",
+    "setseed",
     "pg_cancel_backend",
     "pg_terminate_backend",
     "pg_reload_conf",
@@ -222,6 +223,17 @@ fn walk(value: &serde_json::Value, depth: usize) -> Result<(), String> {
             if fields.get("funcname").is_some_and(Value::is_array) {
                 check_function(value)?;
             }
+            // An identifier node: a function is also called as `(expr).f` or `t.f` (functional
+            // notation), where its name is an indirection or a column reference, not a
+            // `funcname`. Every identifier is held to the function rules; literals are `Sval`
+            // constants, not `String` nodes, and are not affected.
+            if let Some(name) = fields
+                .get("String")
+                .and_then(|v| v.get("sval"))
+                .and_then(Value::as_str)
+            {
+                check_function_name(name)?;
+            }
             fields.values().try_for_each(|v| walk(v, depth + 1))
         }
         _ => Ok(()),
@@ -256,6 +268,10 @@ fn check_function(call: &serde_json::Value) -> Result<(), String> {
         .and_then(|parts| parts.last())
         .map(string_node)
         .unwrap_or_default();
+    check_function_name(&name)
+}
+
+fn check_function_name(name: &str) -> Result<(), String> {
     let lower = name.to_lowercase();
     if REFUSED_FUNCTIONS.contains(&lower.as_str())
         || REFUSED_FUNCTION_PREFIXES
@@ -443,6 +459,13 @@ mod tests {
             "MERGE INTO idemhost_key k USING inventory i ON true WHEN MATCHED THEN DELETE",
             "EXPLAIN ANALYZE DELETE FROM inventory",
             "CREATE TEMP TABLE processed_message (consumer_name text, message_id text)",
+            // Functional notation: `(x).f` and `t.f` call f(x) and f(t).
+            "SELECT (('select 1'::text).ts_stat).word",
+            "SELECT (42::bigint).pg_advisory_lock",
+            "SELECT (0::oid).lo_create",
+            "SELECT (pg_backend_pid()).pg_terminate_backend",
+            "SELECT i.pg_advisory_lock FROM (SELECT 1::bigint) AS i",
+            "SELECT ('x'::text).\"SET_CONFIG\"",
         ] {
             assert!(check(sql).is_err(), "{sql:?} should be refused");
         }

@@ -391,6 +391,31 @@ fn attacks(schema: &str, victim_stream: &str, kv_bucket: &str, allowed: &str) ->
     add("loop", vec![r#""loop""#.to_string()]);
     add("memory bomb", vec![r#"{"alloc_mib": 512}"#.to_string()]);
     add("swallowed database error", vec![execute("SELECT 1/0")]);
+    // -- functional notation: `(x).f` calls f(x) without a function-call node
+    add(
+        "ts_stat runs set_config",
+        vec![query(
+            "SELECT (('SELECT set_config(''client_encoding'', ''LATIN1'', false)::tsvector'::text).ts_stat).word",
+        )],
+    );
+    add(
+        "ts_stat runs pg_notify",
+        vec![query(
+            "SELECT (('SELECT pg_notify(''other_app'', ''x'')::text::tsvector'::text).ts_stat).word",
+        )],
+    );
+    add(
+        "advisory lock by notation",
+        vec![query("SELECT (42::bigint).pg_advisory_lock")],
+    );
+    add(
+        "large object by notation",
+        vec![query("SELECT (0::oid).lo_create")],
+    );
+    add(
+        "end own session by notation",
+        vec![query("SELECT (pg_backend_pid()).pg_terminate_backend")],
+    );
     out
 }
 
@@ -1027,4 +1052,83 @@ async fn a_role_that_reaches_past_its_grants_is_refused() {
     db.roles.extend([member, peeker]);
     nats.cleanup().await;
     db.cleanup().await;
+}
+
+/// Group commit, gate off: a plugin switches the session's `client_encoding` (which would make
+/// the next claim in the same transaction store a different id than the one sent, so a
+/// redelivery would apply again). The host's claim function refuses to run on a session that is
+/// not UTF-8 (retryable), and the message is applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_client_encoding_cannot_make_a_claim_miss() {
+    let db = Db::new(SetUp::Default).await;
+    let nats = NatsEnv::new("enc", Duration::from_secs(60)).await;
+    let dir = tempfile_dir(&format!("{}-enc", db.schema));
+    let path = dir.join("enc.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[nats]\nurl = \"{NATS_URL}\"\n{}\n[[consumer]]\nname = \"{WALL}\"\nstream = \"{}\"\n\
+             subjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\ntables = [\"applied\"]\n\
+             batch_max = 8\nbatch_linger = \"300ms\"\nmax_deliver = 5\nbackoff = [\"100ms\"]\n",
+            db.postgres_toml(),
+            nats.stream,
+            nats.subject(),
+            plugin_path("testkit").display(),
+            nats.dlq(),
+        ),
+    )
+    .unwrap();
+    let log = dir.join("host.log");
+    let mut host = spawn_host(&path, Some("ungated"), &log);
+    let id = "msg-\u{e9}-1";
+    let insert = |label: &str| {
+        format!(
+            r#"{{"steps":[{{"execute":"INSERT INTO applied (message_id) VALUES ($1)","params":[{}]}}]}}"#,
+            serde_json::json!(label)
+        )
+    };
+    let switch = r#"{"steps":[{"query":"SELECT set_config('client_encoding', 'LATIN1', false)"}]}"#;
+    let fail =
+        r#"{"steps":[{"fail":"terminal","reason":"makes the batch run again with savepoints"}]}"#;
+    // One batch: the switch, a failure (the batch runs again, message by message), the id.
+    nats.publish_many([
+        (headers("enc-switch", None), switch.to_string()),
+        (headers("enc-fail", None), fail.to_string()),
+        (headers("enc-a", Some(id)), insert(id)),
+    ])
+    .await;
+    nats.wait_drained(WALL, Duration::from_secs(60)).await;
+    // The same message again, past the broker.
+    nats.publish_many([(headers("enc-b", Some(id)), insert(id))])
+        .await;
+    nats.wait_drained(WALL, Duration::from_secs(60)).await;
+    unsafe_kill(&host);
+    let _ = host.wait();
+    // Every row, however its id was stored: a claim read in another encoding stores another id.
+    let applied = db.scalar("SELECT count(*) FROM applied").await;
+    let markers = db
+        .scalar(&format!(
+            "SELECT count(*) FROM processed_message WHERE consumer_name = '{WALL}' AND message_id LIKE 'msg-%'"
+        ))
+        .await;
+    let exact = db
+        .scalar(&format!(
+            "SELECT count(*) FROM processed_message WHERE consumer_name = '{WALL}' AND message_id = '{id}'"
+        ))
+        .await;
+    assert_eq!(exact, 1, "the marker holds the id as sent");
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        (applied, markers),
+        (1, 1),
+        "host log:\n{}",
+        log_text
+            .lines()
+            .filter(|l| l.contains("WARN"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    nats.cleanup().await;
+    db.cleanup().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -250,15 +250,16 @@ pub async fn provision_role(
     }
     if !tables.is_empty() {
         grants.push(format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"));
-        // ... and take back the host's own relations, which the statements above may include.
-        for relation in HOST_RELATIONS {
-            let kind = if relation.ends_with("_seq") {
-                "SEQUENCE"
-            } else {
-                "TABLE"
-            };
-            grants.push(format!("REVOKE ALL ON {kind} {s}.{relation} FROM {r}"));
-        }
+    }
+    // Take back anything on the host's relations (the statements above may include them, and
+    // column-level grants survive table-level checks).
+    for relation in HOST_RELATIONS {
+        let kind = if relation.ends_with("_seq") {
+            "SEQUENCE"
+        } else {
+            "TABLE"
+        };
+        grants.push(format!("REVOKE ALL ON {kind} {s}.{relation} FROM {r}"));
     }
     // The host may then stop a plugin's statement on the server at its deadline.
     let member: bool = if exists {
@@ -394,7 +395,8 @@ async fn unsafe_reason(
         let check = if relation.ends_with("_seq") {
             "SELECT has_sequence_privilege($1, $2::regclass::oid, $3)"
         } else {
-            "SELECT has_table_privilege($1, $2::regclass::oid, $3)"
+            "SELECT has_table_privilege($1, $2::regclass::oid, $3) \
+                 OR has_any_column_privilege($1, $2::regclass::oid, 'SELECT, INSERT, UPDATE, REFERENCES')"
         };
         let privileged: bool = sqlx::query_scalar(check)
             .bind(role)
@@ -405,6 +407,15 @@ async fn unsafe_reason(
         if privileged {
             return Ok(Some(format!("it has a privilege on the host's {relation}")));
         }
+    }
+    let authorize: bool = sqlx::query_scalar(
+        "SELECT has_function_privilege($1, 'idemhost_authorize(text)'::regprocedure, 'EXECUTE')",
+    )
+    .bind(role)
+    .fetch_one(&mut *conn)
+    .await?;
+    if authorize {
+        return Ok(Some("it may execute idemhost_authorize".into()));
     }
     Ok(None)
 }
