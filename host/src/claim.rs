@@ -384,6 +384,7 @@ impl Claimer {
         let (claimed, backend_pid) = match claimed {
             Ok(c) => c,
             Err(e) => {
+                tx.note_failure(&e);
                 rollback(tx, &wall).await;
                 return Err(AttemptFailure::db("failed to claim marker", &e));
             }

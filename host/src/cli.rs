@@ -102,6 +102,11 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Outbox events the relay could not publish: list them, send set-aside ones again.
+    Outbox {
+        #[command(subcommand)]
+        command: ops::OutboxCommand,
+    },
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -116,6 +121,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<u8> {
         Command::Check(args) => ops::check(args).await.map(|code| code as u8),
         Command::Markers { command } => ops::markers(command).await.map(|()| 0),
         Command::Dlq { command } => ops::dlq(command).await.map(|()| 0),
+        Command::Outbox { command } => ops::outbox(command).await.map(|()| 0),
         command => execute_command(Cli { command, ..cli }).await.map(|()| 0),
     }
 }
@@ -212,7 +218,10 @@ async fn execute_command(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Plugin { command } => plugin::execute(command).await,
-        Command::Check(_) | Command::Markers { .. } | Command::Dlq { .. } => {
+        Command::Check(_)
+        | Command::Markers { .. }
+        | Command::Dlq { .. }
+        | Command::Outbox { .. } => {
             unreachable!("handled by execute")
         }
     }

@@ -192,6 +192,26 @@ pub struct OutboxConfig {
     /// Rows published per relay transaction.
     #[serde(default = "default_outbox_batch")]
     pub batch: u32,
+    /// Delay before a row that failed to publish is tried again after its first failure;
+    /// doubled at each further failure, up to `retry_cap`. Rows behind it flow meanwhile.
+    #[serde(default = "d_1s")]
+    pub retry_base: Dur,
+    /// The longest delay between two attempts of one row.
+    #[serde(default = "d_5m")]
+    pub retry_cap: Dur,
+    /// Failed attempts after which a row is set aside: the relay leaves it until
+    /// `idemhost outbox retry` (it is listed by `idemhost outbox list`, counted by
+    /// `idemhost_outbox_set_aside`).
+    #[serde(default = "default_outbox_max_attempts")]
+    pub max_attempts: u32,
+}
+
+fn d_5m() -> Dur {
+    Dur(Duration::from_secs(300))
+}
+
+fn default_outbox_max_attempts() -> u32 {
+    10
 }
 
 impl Default for OutboxConfig {
@@ -200,6 +220,9 @@ impl Default for OutboxConfig {
             relay: true,
             poll_interval: d_1s(),
             batch: default_outbox_batch(),
+            retry_base: d_1s(),
+            retry_cap: d_5m(),
+            max_attempts: default_outbox_max_attempts(),
         }
     }
 }
@@ -396,6 +419,19 @@ pub struct ConsumerConfig {
     /// arrival (stream) order; a retryable failure is retried in place and blocks only its key.
     #[serde(default)]
     pub ordering: Option<OrderingConfig>,
+    /// Values of the `event_type` label of `idemhost_deliveries_total` (the event type comes
+    /// from a producer's header or the subject, so it is input): these, and every other value
+    /// counts as `other`. Empty: the first `max_event_type_labels` distinct values seen.
+    #[serde(default)]
+    pub event_type_labels: Vec<String>,
+    /// How many distinct `event_type` label values one consumer's metrics keep when
+    /// `event_type_labels` is empty; later values count as `other`.
+    #[serde(default = "default_max_event_type_labels")]
+    pub max_event_type_labels: u32,
+}
+
+fn default_max_event_type_labels() -> u32 {
+    32
 }
 
 /// `ordering = { key = "header:Idemhost-Ordering-Key" }`.
@@ -404,6 +440,15 @@ pub struct ConsumerConfig {
 pub struct OrderingConfig {
     /// `header:NAME`, `subject:N` (a 0-based subject token) or `json:/pointer` (payload field).
     pub key: String,
+    /// Messages that may wait behind a running delivery of their key without holding a pull
+    /// credit (the host holds them in memory: at most this many times `max_payload`). Beyond
+    /// it, waiting messages keep their credits and the consumer pulls more slowly.
+    #[serde(default = "default_max_waiting")]
+    pub max_waiting: u32,
+}
+
+fn default_max_waiting() -> u32 {
+    256
 }
 
 /// Whether `key` is a valid NATS KV key (the consumer name keys the plugin version pointer).

@@ -4,8 +4,9 @@
 //! ([`sample`]); the plugin versions and their instantiation times, read from the registry at
 //! scrape time.
 
+use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -99,6 +100,7 @@ pub struct Metrics {
     outbox_errors: Family<ConsumerLabels, Counter>,
     outbox_lag: Seconds,
     outbox_oldest: Gauge<f64, AtomicU64>,
+    outbox_set_aside: Gauge,
     plugins: Arc<PluginCollector>,
 }
 
@@ -135,6 +137,7 @@ impl Metrics {
             outbox_errors: Family::default(),
             outbox_lag: seconds(),
             outbox_oldest: Gauge::default(),
+            outbox_set_aside: Gauge::default(),
             plugins: Arc::new(PluginCollector::default()),
             registry: Registry::default(),
         };
@@ -257,6 +260,12 @@ impl Metrics {
             "Age of the oldest outbox event not yet relayed; 0 when none",
             m.outbox_oldest.clone(),
         );
+        r.register(
+            "outbox_set_aside",
+            "Outbox events set aside after outbox.max_attempts failed publishes; \
+             see `idemhost outbox list` and `idemhost outbox retry`",
+            m.outbox_set_aside.clone(),
+        );
         r.register_collector(Box::new(m.plugins.clone()));
         Metrics { registry: r, ..m }
     }
@@ -267,8 +276,9 @@ impl Metrics {
     }
 
     /// One consumer's handles, resolved once (at bind) so a delivery records without
-    /// building label sets or looking them up.
-    pub fn for_consumer(&self, consumer: &str) -> ConsumerMetrics {
+    /// building label sets or looking them up; `event_types` bounds the values its
+    /// `event_type` label takes.
+    pub fn for_consumer(&self, consumer: &str, event_types: EventTypeLabels) -> ConsumerMetrics {
         let labels = ConsumerLabels {
             consumer: consumer.to_string(),
         };
@@ -280,6 +290,7 @@ impl Metrics {
         });
         ConsumerMetrics {
             consumer: consumer.to_string(),
+            event_types,
             deliveries: self.deliveries.clone(),
             transaction: self.transaction.get_or_create_owned(&labels),
             claim: self.claim.get_or_create_owned(&labels),
@@ -353,6 +364,10 @@ impl Metrics {
             .inc();
     }
 
+    pub fn set_outbox_set_aside(&self, rows: i64) {
+        self.outbox_set_aside.set(rows);
+    }
+
     pub fn set_outbox_oldest(&self, age: Duration) {
         self.outbox_oldest.set(age.as_secs_f64());
     }
@@ -370,6 +385,7 @@ impl Metrics {
 /// One consumer's metrics (clones share the process's series).
 pub struct ConsumerMetrics {
     consumer: String,
+    event_types: EventTypeLabels,
     deliveries: Family<DeliveryLabels, Counter>,
     transaction: Histogram,
     claim: Histogram,
@@ -399,7 +415,7 @@ impl ConsumerMetrics {
         self.deliveries
             .get_or_create(&DeliveryLabels {
                 consumer: self.consumer.clone(),
-                event_type: event_type.to_string(),
+                event_type: self.event_types.label(event_type),
                 outcome: outcome.to_string(),
             })
             .inc();
@@ -434,6 +450,58 @@ impl ConsumerMetrics {
 
     pub fn dead_lettered(&self) {
         self.dead_letters.inc();
+    }
+}
+
+/// The values one consumer's `event_type` label may take. The event type is input (a
+/// producer's header, or the subject), and every distinct label value is a series kept for the
+/// life of the process: only the configured values, or the first `max` distinct ones that
+/// read well as a label (printable ASCII, at most [`MAX_LABEL_BYTES`]), are kept; the rest
+/// count as [`OTHER_EVENT_TYPE`].
+#[derive(Debug)]
+pub struct EventTypeLabels {
+    allowed: Option<HashSet<String>>,
+    max: usize,
+    seen: Mutex<HashSet<String>>,
+}
+
+/// The `event_type` label of every value past the bound.
+pub const OTHER_EVENT_TYPE: &str = "other";
+/// The longest `event_type` label value kept as itself.
+pub const MAX_LABEL_BYTES: usize = 64;
+
+impl EventTypeLabels {
+    /// `allowed` non-empty: those values only; else the first `max` distinct values.
+    pub fn new(allowed: &[String], max: usize) -> Self {
+        EventTypeLabels {
+            allowed: (!allowed.is_empty()).then(|| allowed.iter().cloned().collect()),
+            max,
+            seen: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The label value `event_type` counts under.
+    pub fn label(&self, event_type: &str) -> String {
+        let kept = match &self.allowed {
+            Some(allowed) => allowed.contains(event_type),
+            None => {
+                let readable = event_type.len() <= MAX_LABEL_BYTES
+                    && !event_type.is_empty()
+                    && event_type
+                        .bytes()
+                        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+                readable && {
+                    let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                    seen.contains(event_type)
+                        || (seen.len() < self.max && seen.insert(event_type.to_string()))
+                }
+            }
+        };
+        if kept {
+            event_type.to_string()
+        } else {
+            OTHER_EVENT_TYPE.to_string()
+        }
     }
 }
 
@@ -493,5 +561,59 @@ impl Collector for PluginCollector {
                 .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 10,000 distinct event types from producers leave `/metrics` the size it has with the
+    /// first 32 of them: the rest count under `other`.
+    #[test]
+    fn event_type_labels_from_input_are_bounded() {
+        let metrics = Metrics::new();
+        let consumer = metrics.for_consumer("c", EventTypeLabels::new(&[], 32));
+        for i in 0..32 {
+            consumer.started(1);
+            consumer.settled(&format!("Type{i}"), "applied", None);
+        }
+        let bounded = metrics.render().len();
+        for i in 0..10_000 {
+            consumer.started(1);
+            consumer.settled(&format!("Type{i}"), "applied", None);
+        }
+        consumer.started(1);
+        consumer.settled("with \"quotes\"\nand lines", "applied", None);
+        let text = metrics.render();
+        assert!(
+            text.len() < bounded + 200,
+            "/metrics grew from {bounded} to {} bytes",
+            text.len()
+        );
+        assert!(
+            text.contains(r#"event_type="other",outcome="applied"} 9969"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"event_type="Type31",outcome="applied"} 2"#));
+        assert!(!text.contains("Type32"));
+    }
+
+    #[test]
+    fn configured_event_types_are_the_only_labels() {
+        let metrics = Metrics::new();
+        let allowed = ["OrderPlaced".to_string()];
+        let consumer = metrics.for_consumer("c", EventTypeLabels::new(&allowed, 32));
+        for t in ["OrderPlaced", "OrderCancelled", "OrderPlaced"] {
+            consumer.started(1);
+            consumer.settled(t, "applied", None);
+        }
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"event_type="OrderPlaced",outcome="applied"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"event_type="other",outcome="applied"} 1"#));
+        assert!(!text.contains("OrderCancelled"));
     }
 }

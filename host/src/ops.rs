@@ -1,11 +1,12 @@
 //! What an operator runs against a deployment, as a library the CLI calls: proving a message's
 //! marker and effect ([`check`]), marker table statistics and retention ([`markers`]), dead
-//! letters ([`dlq`]), and the broker queries they and the metrics samplers share ([`broker`]).
+//! letters ([`dlq`]), outbox rows the relay could not publish ([`outbox`]), and the broker queries they and the metrics samplers share ([`broker`]).
 
 pub mod broker;
 pub mod check;
 pub mod dlq;
 pub mod markers;
+pub mod outbox;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

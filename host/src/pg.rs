@@ -11,7 +11,7 @@ use crate::config::PostgresConfig;
 
 mod tx;
 pub mod wall;
-pub use tx::{Connections, Tx};
+pub use tx::{Connections, Tx, session_failed};
 pub use wall::Wall;
 
 /// What to do about a failed database operation.

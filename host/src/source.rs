@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::claim::Claimer;
 use crate::config::ConsumerConfig;
-use crate::metrics::{ConsumerMetrics, Metrics};
+use crate::metrics::{ConsumerMetrics, EventTypeLabels, Metrics};
 use crate::registry::Slot;
 
 mod exhausted;
@@ -46,6 +46,9 @@ struct Gathering {
     until: Option<tokio::time::Instant>,
 }
 
+/// JetStream's in-progress ack: the delivery's ack deadline starts again.
+const IN_PROGRESS: &[u8] = b"+WPI";
+
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
@@ -64,6 +67,9 @@ pub struct ConsumerRuntime {
     /// `ordering.key`: deliveries with the same key run one at a time, in arrival order.
     ordering: Option<KeySpec>,
     keyed: KeyedQueues,
+    /// Places for messages waiting behind their key without a pull credit
+    /// (`ordering.max_waiting`).
+    waiting: Arc<Semaphore>,
     /// The watcher's consumer on this consumer's advisory stream (see [`exhausted`]).
     exhausted: Option<Consumer<pull::Config>>,
 }
@@ -179,8 +185,9 @@ pub async fn bind(
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: config.ack_wait.0,
         max_deliver,
-        // Room for the pull loop's credits (see `run`) and as many acks on their way.
-        max_ack_pending: (2 * pull_credits(config) as i64).max(16),
+        // Room for the pull loop's credits (see `run`), as many acks on their way, and the
+        // messages waiting behind their ordering key.
+        max_ack_pending: (2 * pull_credits(config) as i64 + max_waiting(config) as i64).max(16),
         ..Default::default()
     };
     match config.subjects.as_slice() {
@@ -228,7 +235,13 @@ pub async fn bind(
         consumer,
         claimer,
         plugin,
-        metrics: metrics.for_consumer(&config.name),
+        metrics: metrics.for_consumer(
+            &config.name,
+            EventTypeLabels::new(
+                &config.event_type_labels,
+                config.max_event_type_labels as usize,
+            ),
+        ),
         log_payload_digest: false,
         ordering: match &config.ordering {
             Some(o) => Some(
@@ -238,6 +251,7 @@ pub async fn bind(
             None => None,
         },
         keyed: KeyedQueues::default(),
+        waiting: Arc::new(Semaphore::new(max_waiting(config))),
         exhausted,
     })
 }
@@ -275,6 +289,10 @@ impl ConsumerRuntime {
                 }
             })
         };
+        let waiting_progress = self
+            .ordering
+            .is_some()
+            .then(|| tokio::spawn(self.clone().keep_waiting_in_progress()));
         'pull: while !*shutdown.borrow() {
             let first = tokio::select! {
                 c = credits.clone().acquire_owned() => match c { Ok(c) => c, Err(_) => break 'pull },
@@ -342,7 +360,9 @@ impl ConsumerRuntime {
                         match self.ordering.as_ref().and_then(|k| k.key_of(&msg.message)) {
                             // Behind a running delivery of the same key: its worker takes it.
                             Some(key) => {
-                                if let Some(first) = self.keyed.enqueue(&key, (msg, credit)) {
+                                if let Some(first) =
+                                    self.keyed.enqueue(&key, (msg, credit), &self.waiting)
+                                {
                                     tasks.spawn(this.key_worker(slots, key, first));
                                 }
                             }
@@ -377,6 +397,26 @@ impl ConsumerRuntime {
         }
         watcher.abort();
         let _ = watcher.await;
+        if let Some(progress) = waiting_progress {
+            progress.abort();
+            let _ = progress.await;
+        }
+    }
+
+    /// Tells the broker, every third of `ack_wait`, that each message waiting behind a running
+    /// delivery of its key is in progress: it was pulled and will be handled in its turn, so
+    /// it must not be redelivered (which would count an attempt it never had, and could
+    /// dead-letter it).
+    async fn keep_waiting_in_progress(self: Arc<Self>) {
+        let every = self.config.ack_wait.0 / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            for reply in self.keyed.waiting_replies() {
+                if let Err(e) = self.client.publish(reply, IN_PROGRESS.into()).await {
+                    debug!(consumer = %self.config.name, error = %e, "in-progress ack failed");
+                }
+            }
+        }
     }
 
     /// Starts the gathered deliveries' batch, if any, and clears the gathering.
@@ -402,12 +442,23 @@ impl ConsumerRuntime {
     ) {
         let mut next = Some(first);
         while let Some((msg, credit)) = next {
-            if let Ok(slot) = slots.clone().acquire_owned().await {
+            let slot = self
+                .with_progress(&[&msg], slots.clone().acquire_owned())
+                .await;
+            if let Ok(slot) = slot {
                 self.settle(msg, (slot, credit)).await;
             }
             next = self.keyed.next(&key);
         }
     }
+}
+
+/// `ordering.max_waiting` (0 without ordering).
+fn max_waiting(config: &ConsumerConfig) -> usize {
+    config
+        .ordering
+        .as_ref()
+        .map_or(0, |o| o.max_waiting as usize)
 }
 
 /// Messages pulled and not yet settled, at most: `2 × max_in_flight` deliveries (or batches

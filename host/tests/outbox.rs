@@ -153,3 +153,195 @@ async fn events_leave_only_with_their_commit() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// Scans of `schema.outbox_message` so far (what each relay pass costs the database).
+async fn outbox_scans(env: &TestEnv) -> i64 {
+    env.scalar(&format!(
+        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_user_tables \
+         WHERE schemaname = '{}' AND relname = 'outbox_message'",
+        env.schema
+    ))
+    .await
+}
+
+/// 1,000 rows to a subject no stream captures, committed before 100 good events: the good ones
+/// arrive within seconds, the stuck ones back off and are set aside after `max_attempts` (listed
+/// with their reason), the relay does not spin meanwhile, and `outbox retry` sends them once a
+/// stream captures their subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_back_off_while_the_rows_behind_them_flow() {
+    const STUCK: i64 = 1000;
+    const GOOD: i64 = 100;
+    let env = TestEnv::new("outbox_stuck").await;
+    let nats = NatsEnv::new("outbox_stuck", Duration::from_secs(60)).await;
+    let nowhere = format!("nowhere-{}", nats.prefix);
+    let good = format!("{}.events.good", nats.prefix);
+    env.execute(&format!(
+        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
+         SELECT 'stuck-v1', 'm-' || g, 0, '{nowhere}.' || g, '[]', 'x' FROM generate_series(1, {STUCK}) g"
+    ))
+    .await;
+    env.execute(&format!(
+        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
+         SELECT 'good-v1', 'm-' || g, 0, '{good}', '[]', 'ok' FROM generate_series(1, {GOOD}) g"
+    ))
+    .await;
+    let text = config_text(&env, &nats, NAME, "testkit", "")
+        + "\n[outbox]\npoll_interval = \"200ms\"\nretry_base = \"500ms\"\nmax_attempts = 3\n";
+    let started = std::time::Instant::now();
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+
+    // The good events arrive (measured, then asserted, so a run without the fix prints too).
+    let mut arrived = None;
+    while started.elapsed() < Duration::from_secs(15) {
+        if events(&nats, &good).await.len() as i64 >= GOOD {
+            arrived = Some(started.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What the relay costs while only stuck rows are left.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (scans_before, cpu_before) = (outbox_scans(&env).await, process_cpu());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (scans, cpu) = (
+        outbox_scans(&env).await - scans_before,
+        process_cpu() - cpu_before,
+    );
+    println!(
+        "outbox relay: {GOOD} good events behind {STUCK} stuck rows arrived after {arrived:?}; \
+         over 5 s with only stuck rows left: {scans} scans of outbox_message, {:.0} ms CPU of \
+         this test process",
+        cpu.as_secs_f64() * 1e3
+    );
+    let arrived = arrived.expect("the good events arrive within 15 s");
+    assert!(arrived < Duration::from_secs(10), "{arrived:?}");
+    assert_eq!(events(&nats, &good).await.len() as i64, GOOD, "once each");
+    assert!(scans < 200, "the relay spins: {scans} scans in 5 s");
+
+    let pool = env.pool.clone();
+    let all = idemhost::ops::outbox::Filter::default();
+    let listed = idemhost::ops::outbox::list(&pool, &all, 5000)
+        .await
+        .unwrap();
+    assert_eq!(listed.len() as i64, STUCK, "every stuck row is listed");
+    assert!(
+        listed.iter().all(|r| r.set_aside && r.attempts == 3),
+        "{:?}",
+        &listed[0]
+    );
+    assert!(
+        listed[0]
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains(&nowhere),
+        "{:?}",
+        listed[0]
+    );
+
+    // The operator's view: `idemhost outbox list` (JSON) and `outbox retry --id` through the
+    // binary.
+    let dir = std::env::temp_dir().join(unique("outbox_cli"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("idemhost.toml");
+    std::fs::write(&file, &text).unwrap();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemhost"))
+            .args(args)
+            .args(["--config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&cli(&["outbox", "list", "--json", "--limit", "5000"])).unwrap();
+    assert_eq!(json.as_array().unwrap().len() as i64, STUCK);
+    let text_list = cli(&["outbox", "list", "--consumer", "stuck-v1", "--limit", "3"]);
+    assert!(
+        text_list.contains("set aside") && text_list.contains("3 row(s)"),
+        "{text_list}"
+    );
+    let first = listed[0].id.to_string();
+    assert!(cli(&["outbox", "retry", "--id", &first]).contains("1 set-aside row(s)"));
+    wait_until(
+        Duration::from_secs(10),
+        "the retried row to fail again",
+        || async {
+            (env.scalar(&format!(
+                "SELECT count(*) FROM outbox_message WHERE id = {first} AND attempts > 0"
+            ))
+            .await
+                == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the retried row to be set aside again",
+        || async {
+            (env.scalar("SELECT count(*) FROM outbox_message WHERE set_aside_at IS NOT NULL")
+                .await
+                == STUCK)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A stream now captures the subject: retry sends every set-aside row, once.
+    let capture = format!("{}_NOWHERE", nats.stream);
+    nats.js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: capture.clone(),
+            subjects: vec![format!("{nowhere}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        idemhost::ops::outbox::retry(&pool, &all).await.unwrap(),
+        STUCK as u64
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the retried rows to be published",
+        || async { (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(()) },
+    )
+    .await;
+    let stored = nats
+        .js
+        .get_stream(&capture)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(stored as i64, STUCK);
+    nats.js.delete_stream(&capture).await.unwrap();
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// CPU time (user + system) this process used so far.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // utime and stime: fields 14 and 15 of stat(5), 12 and 13 after the command name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}

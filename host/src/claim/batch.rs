@@ -129,6 +129,7 @@ impl Claimer {
         let (claimed, pid) = match self.claim_all(&mut tx, &wall, handler, &ids).await {
             Ok(c) => c,
             Err(e) => {
+                tx.note_failure(&e);
                 rollback(tx, &wall).await;
                 return Err(Stop::Batch(AttemptFailure::db(
                     "failed to claim markers",

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
 use crate::config::{Config, ConsumerConfig};
-use crate::ops::{self, check::Verdict, dlq, human, markers};
+use crate::ops::{self, check::Verdict, dlq, human, markers, outbox};
 use crate::pg;
 
 /// The config every operator command reads.
@@ -95,6 +95,38 @@ pub enum DlqCommand {
         /// Why the repair is needed (recorded with it).
         #[arg(long)]
         reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Outbox rows that failed to publish: set aside (the relay left them) and, with
+    /// `--pending`, the ones still backing off or not yet sent; with attempts and last reason.
+    List {
+        #[command(flatten)]
+        source: Source,
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Also rows not set aside (still retried by the relay, or not yet sent).
+        #[arg(long)]
+        pending: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Make set-aside rows due again (attempts reset); the relays publish them on their next
+    /// pass, under their original event ids.
+    Retry {
+        #[command(flatten)]
+        source: Source,
+        /// Only this consumer's rows.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// These rows (repeatable).
+        #[arg(long = "id", conflicts_with = "all", required_unless_present = "all")]
+        ids: Vec<i64>,
+        /// Every set-aside row (of `--consumer`, if given).
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -331,6 +363,74 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             if !report.skipped.is_empty() {
                 anyhow::bail!("{} dead letter(s) not replayed", report.skipped.len());
             }
+            Ok(())
+        }
+    }
+}
+
+/// `idemhost outbox list | retry`.
+pub async fn outbox(command: OutboxCommand) -> anyhow::Result<()> {
+    match command {
+        OutboxCommand::List {
+            source,
+            consumer,
+            pending,
+            limit,
+        } => {
+            let config = Config::load(&source.config)?;
+            let filter = outbox::Filter {
+                consumer,
+                pending_too: pending,
+                ids: Vec::new(),
+            };
+            let rows = outbox::list(&pool(&config).await?, &filter, limit)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the outbox: {}", pg::describe(&e)))?;
+            if source.json {
+                return print_json(&rows);
+            }
+            println!(
+                "{:>10}  {:<24} {:<36} {:>8} {:>12} {:>12}  last error",
+                "id", "consumer", "subject", "attempts", "age", "next"
+            );
+            for r in &rows {
+                let next = match r.next_attempt_in_secs {
+                    None => "set aside".to_string(),
+                    Some(s) => age(s),
+                };
+                println!(
+                    "{:>10}  {:<24} {:<36} {:>8} {:>12} {:>12}  {}",
+                    r.id,
+                    r.consumer,
+                    r.subject,
+                    r.attempts,
+                    age(r.age_secs),
+                    next,
+                    r.last_error.as_deref().unwrap_or("-")
+                );
+            }
+            println!("{} row(s)", rows.len());
+            Ok(())
+        }
+        OutboxCommand::Retry {
+            source,
+            consumer,
+            ids,
+            all: _,
+        } => {
+            let config = Config::load(&source.config)?;
+            let filter = outbox::Filter {
+                consumer,
+                pending_too: false,
+                ids,
+            };
+            let n = outbox::retry(&pool(&config).await?, &filter)
+                .await
+                .map_err(|e| anyhow::anyhow!("retrying outbox rows: {}", pg::describe(&e)))?;
+            if source.json {
+                return print_json(&serde_json::json!({ "retried": n }));
+            }
+            println!("{n} set-aside row(s) made due again");
             Ok(())
         }
     }

@@ -84,6 +84,18 @@ impl Config {
         if self.outbox.poll_interval.0 < Duration::from_millis(10) {
             return bad("outbox.poll_interval".into(), "must be at least 10ms");
         }
+        if self.outbox.retry_base.0 < Duration::from_millis(10) {
+            return bad("outbox.retry_base".into(), "must be at least 10ms");
+        }
+        if self.outbox.retry_cap.0 < self.outbox.retry_base.0 {
+            return bad(
+                "outbox.retry_cap".into(),
+                "must be at least outbox.retry_base",
+            );
+        }
+        if self.outbox.max_attempts == 0 {
+            return bad("outbox.max_attempts".into(), "must be at least 1");
+        }
         let mut names = HashSet::new();
         let mut durables = HashSet::new();
         for (i, c) in self.consumers.iter().enumerate() {

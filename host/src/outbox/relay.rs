@@ -5,6 +5,12 @@
 //! rows are then published again under the same deterministic id. The relay wakes on
 //! `LISTEN idemhost_outbox` (a trigger notifies at commit) and polls every
 //! `outbox.poll_interval` besides.
+//!
+//! A row that fails to publish does not hold up the others: its attempt is counted, its reason
+//! kept, and its next attempt moved later (`outbox.retry_base`, doubled per failure up to
+//! `outbox.retry_cap`); the relay takes only rows that are due, so the rows behind it flow and
+//! a run of failing rows never makes the relay spin. After `outbox.max_attempts` failures the
+//! row is set aside (`set_aside_at`): left until an operator runs `idemhost outbox retry`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +35,38 @@ pub const CHANNEL: &str = "idemhost_outbox";
 
 const SELECT_SQL: &str = "SELECT id, consumer_name, source_message_id, seq, subject, headers, \
                           payload, extract(epoch FROM now() - created_at)::float8 \
-                          FROM outbox_message ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED";
+                          FROM outbox_message \
+                          WHERE set_aside_at IS NULL AND next_attempt_at <= now() \
+                          ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED";
+
+/// Counts one failed attempt of each row in `$1` (reasons in `$2`): the next attempt after
+/// `$3` seconds doubled per earlier failure, at most `$4`; set aside at the `$5`-th failure.
+const FAILED_SQL: &str = "UPDATE outbox_message o SET attempts = o.attempts + 1, last_error = f.error, \
+                          next_attempt_at = now() + make_interval(secs => least($4::float8, $3::float8 * 2 ^ least(o.attempts, 60))), \
+                          set_aside_at = CASE WHEN o.attempts + 1 >= $5 THEN now() END \
+                          FROM unnest($1::bigint[], $2::text[]) AS f(id, error) WHERE o.id = f.id \
+                          RETURNING o.set_aside_at IS NOT NULL";
+
+/// The longest failure reason kept on a row.
+const MAX_ERROR_BYTES: usize = 1000;
+
+/// How the relay retries a row that failed to publish (`[outbox]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub base: Duration,
+    pub cap: Duration,
+    pub max_attempts: u32,
+}
+
+impl From<&OutboxConfig> for Retry {
+    fn from(c: &OutboxConfig) -> Self {
+        Retry {
+            base: c.retry_base.0,
+            cap: c.retry_cap.0,
+            max_attempts: c.max_attempts.max(1),
+        }
+    }
+}
 
 /// Starts the relay. When `stop` turns true it makes one last pass and ends.
 pub fn spawn(
@@ -39,14 +76,14 @@ pub fn spawn(
     config: &OutboxConfig,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let (poll, batch) = (config.poll_interval.0, config.batch);
+    let (poll, batch, retry) = (config.poll_interval.0, config.batch, Retry::from(config));
     tokio::spawn(async move {
         let mut listener = listen(&pool).await;
         let mut backoff = Duration::from_millis(100);
         // Every wake-up drains; after `stop`, one last pass sends what the final deliveries
         // committed, then the relay ends.
         loop {
-            match drain(&pool, &js, &metrics, batch).await {
+            match drain(&pool, &js, &metrics, batch, retry).await {
                 // A full batch: more may be waiting.
                 Ok(n) if n == batch as usize => continue,
                 Ok(_) => backoff = Duration::from_millis(100),
@@ -67,9 +104,12 @@ pub fn spawn(
                     continue;
                 }
             }
-            match oldest(&pool).await {
-                Ok(age) => metrics.set_outbox_oldest(age),
-                Err(e) => debug!(error = %pg::describe(&e), "outbox age not read"),
+            match backlog(&pool).await {
+                Ok((age, set_aside)) => {
+                    metrics.set_outbox_oldest(age);
+                    metrics.set_outbox_set_aside(set_aside);
+                }
+                Err(e) => debug!(error = %pg::describe(&e), "outbox backlog not read"),
             }
             if *stop.borrow() {
                 return;
@@ -113,23 +153,30 @@ async fn notified(listener: &mut Option<PgListener>) -> bool {
     }
 }
 
-/// Age of the oldest row not yet relayed (zero when none).
-async fn oldest(pool: &PgPool) -> Result<Duration, sqlx::Error> {
-    let age: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox_message ORDER BY id LIMIT 1",
+/// Age of the oldest row the relay still tries (zero when none), and the rows set aside.
+async fn backlog(pool: &PgPool) -> Result<(Duration, i64), sqlx::Error> {
+    let (age, set_aside): (Option<f64>, i64) = sqlx::query_as(
+        "SELECT (SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox_message \
+                 WHERE set_aside_at IS NULL ORDER BY id LIMIT 1), \
+                (SELECT count(*) FROM outbox_message WHERE set_aside_at IS NOT NULL)",
     )
-    .fetch_optional(pool)
+    .fetch_one(pool)
     .await?;
-    Ok(Duration::from_secs_f64(age.unwrap_or(0.0).max(0.0)))
+    Ok((
+        Duration::from_secs_f64(age.unwrap_or(0.0).max(0.0)),
+        set_aside,
+    ))
 }
 
-/// One pass: up to `batch` rows published (all sent before any acknowledgment is awaited),
-/// and the acknowledged ones deleted, in one transaction. Returns the rows taken.
+/// One pass: up to `batch` due rows published (all sent before any acknowledgment is
+/// awaited), the acknowledged ones deleted and the failed ones rescheduled (or set aside), in
+/// one transaction. Returns the rows taken.
 pub async fn drain(
     pool: &PgPool,
     js: &jetstream::Context,
     metrics: &Metrics,
     batch: u32,
+    retry: Retry,
 ) -> anyhow::Result<usize> {
     let mut tx = pool.begin().await?;
     let rows = sqlx::query(SELECT_SQL)
@@ -162,6 +209,7 @@ pub async fn drain(
         in_flight.push((id, consumer, subject, age, sent));
     }
     let mut done = Vec::with_capacity(in_flight.len());
+    let (mut failed, mut reasons) = (Vec::new(), Vec::new());
     for (id, consumer, subject, age, sent) in in_flight {
         let acked = match sent {
             Ok(ack) => ack.await.map_err(|e| e.to_string()),
@@ -177,7 +225,12 @@ pub async fn drain(
             }
             Err(e) => {
                 metrics.outbox_failed(&consumer);
-                warn!(consumer = %consumer, %subject, outbox_id = id, error = %e, "outbox publish failed; retried next pass");
+                debug!(consumer = %consumer, %subject, outbox_id = id, error = %e, "outbox publish failed");
+                if reasons.is_empty() {
+                    warn!(consumer = %consumer, %subject, outbox_id = id, error = %e, "outbox publish failed; the row is retried later, the rows behind it go on");
+                }
+                failed.push(id);
+                reasons.push(truncated(format!("{subject}: {e}")));
             }
         }
     }
@@ -186,6 +239,34 @@ pub async fn drain(
         .bind(&done)
         .execute(&mut *tx)
         .await?;
+    if !failed.is_empty() {
+        let set_aside: Vec<bool> = sqlx::query_scalar(FAILED_SQL)
+            .bind(&failed)
+            .bind(&reasons)
+            .bind(retry.base.as_secs_f64())
+            .bind(retry.cap.as_secs_f64())
+            .bind(i32::try_from(retry.max_attempts).unwrap_or(i32::MAX))
+            .fetch_all(&mut *tx)
+            .await?;
+        let set_aside = set_aside.iter().filter(|s| **s).count();
+        warn!(
+            failed = failed.len(),
+            set_aside,
+            "outbox rows failed to publish; set-aside rows wait for `idemhost outbox retry`"
+        );
+    }
     tx.commit().await?;
     Ok(rows.len())
+}
+
+/// `reason`, cut to [`MAX_ERROR_BYTES`] on a character boundary.
+fn truncated(mut reason: String) -> String {
+    if reason.len() > MAX_ERROR_BYTES {
+        let mut end = MAX_ERROR_BYTES;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
 }

@@ -8,11 +8,20 @@
 //! back to the pool, which tests it. While the pool has none left to give, connections go back
 //! to it rather than be kept, so nobody waits on the pool for a connection a consumer keeps.
 //!
+//! Kept connections age like the pool's own: one kept longer than the pool's `max_lifetime`
+//! (at most [`KEEP_AT_MOST`]) goes back to the pool, which closes it if it is past its lifetime
+//! and tests it otherwise; one left unused longer than the pool's `idle_timeout` is given back
+//! as well. A connection whose transaction failed for a reason that is about the session, not
+//! the statement (the server is read-only or shutting down, the connection is in a state the
+//! host's functions refuse: see [`session_failed`]), is closed, never kept — after a failover
+//! the next transaction gets a fresh connection rather than the same refusal forever.
+//!
 //! A [`Tx`] is a transaction on one of them. Dropped before it ended (a delivery cancelled at
 //! shutdown), its connection is closed, never reused: PostgreSQL rolls the transaction back.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
@@ -22,7 +31,42 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
 pub struct Connections {
     pool: PgPool,
     keep: usize,
-    idle: Mutex<Vec<PoolConnection<Postgres>>>,
+    idle: Mutex<Vec<Kept>>,
+    /// A connection kept this long goes back to the pool (its `max_lifetime`, at most
+    /// [`KEEP_AT_MOST`]).
+    retire_after: Duration,
+    /// A kept connection unused this long goes back to the pool (its `idle_timeout`).
+    idle_timeout: Option<Duration>,
+}
+
+/// The longest a connection stays kept before the pool sees it again (tests it, and applies
+/// its `max_lifetime`).
+pub const KEEP_AT_MOST: Duration = Duration::from_secs(60);
+
+/// A connection kept between transactions: since when this consumer has it, and since when
+/// it is unused.
+struct Kept {
+    conn: PoolConnection<Postgres>,
+    since: Instant,
+    unused_since: Instant,
+}
+
+/// Whether `error` is about the session rather than the statement: the connection is then
+/// closed, not kept. Connection exceptions (class 08), the server shutting down or the
+/// database going away (57P01–57P04), a read-only server (25006: a standby, or a primary
+/// demoted behind a proxy), and 55000 (object not in prerequisite state: what the host's
+/// functions raise for a session whose `client_encoding` is not UTF-8).
+pub fn session_failed(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    let code = db.code();
+    let code = code.as_deref().unwrap_or("");
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "57P04" | "25006" | "55000"
+        )
 }
 
 impl Connections {
@@ -34,10 +78,17 @@ impl Connections {
     pub fn new(pool: PgPool, keep: usize) -> Arc<Self> {
         let runtime = tokio::runtime::Handle::try_current().ok();
         let keep = if runtime.is_some() { keep } else { 0 };
+        let options = pool.options();
+        let retire_after = options
+            .get_max_lifetime()
+            .map_or(KEEP_AT_MOST, |l| l.min(KEEP_AT_MOST));
+        let idle_timeout = options.get_idle_timeout();
         let this = Arc::new(Connections {
             pool,
             keep,
             idle: Mutex::new(Vec::with_capacity(keep)),
+            retire_after,
+            idle_timeout,
         });
         if let Some(runtime) = runtime
             && keep > 0
@@ -64,20 +115,28 @@ impl Connections {
     /// Begins a transaction with `begin`: a `BEGIN ...` and the statements that follow it, in
     /// one simple query (one round trip); the rows they returned. A kept connection that turns
     /// out broken (the server restarted meanwhile) is dropped and the next one tried; the
-    /// pool's last. When a statement fails, the transaction is rolled back and `Err` returned.
+    /// pool's last. When a statement fails, the transaction is rolled back and `Err` returned
+    /// (the connection closed if the failure was about the session: [`session_failed`]).
     pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<(Tx, Vec<PgRow>), sqlx::Error> {
         loop {
             let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             let from_pool = kept.is_none();
-            let conn = match kept {
-                Some(conn) => conn,
-                None => self.pool.acquire().await?,
+            let (conn, since) = match kept {
+                Some(kept) if self.aged(&kept) => {
+                    // Back to the pool, which closes or tests it; the next one is tried.
+                    drop(kept);
+                    continue;
+                }
+                Some(kept) => (kept.conn, kept.since),
+                None => (self.pool.acquire().await?, Instant::now()),
             };
             // From here the connection is in a `Tx`: dropped unfinished (this future
             // cancelled), it is closed, never pooled in the middle of a transaction.
             let mut tx = Tx {
                 conn: Some(conn),
                 home: self.clone(),
+                since,
+                session_failed: false,
             };
             match sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
                 .fetch_all(&mut *tx)
@@ -86,6 +145,7 @@ impl Connections {
                 Ok(rows) => return Ok((tx, rows)),
                 // The server answered: the connection works; end what the statements began.
                 Err(e @ sqlx::Error::Database(_)) => {
+                    tx.note_failure(&e);
                     let _ = tx.rollback().await;
                     return Err(e);
                 }
@@ -99,17 +159,33 @@ impl Connections {
         }
     }
 
-    /// Keeps `conn` for the next transaction, unless this consumer keeps enough already or
-    /// the pool has none left to give: then someone may be waiting for one, and it goes back.
-    fn give_back(&self, conn: PoolConnection<Postgres>) {
+    /// Whether a kept connection is due back to the pool: kept longer than `retire_after`, or
+    /// unused longer than the pool's `idle_timeout`.
+    fn aged(&self, kept: &Kept) -> bool {
+        kept.since.elapsed() >= self.retire_after
+            || self
+                .idle_timeout
+                .is_some_and(|t| kept.unused_since.elapsed() >= t)
+    }
+
+    /// Keeps `conn` for the next transaction, unless this consumer keeps enough already, the
+    /// pool has none left to give (someone may be waiting for one) or the connection is due
+    /// back: then it goes back to the pool.
+    fn give_back(&self, conn: PoolConnection<Postgres>, since: Instant) {
         let exhausted = self.pool.num_idle() == 0
             && self.pool.size() >= self.pool.options().get_max_connections();
+        let kept = Kept {
+            conn,
+            since,
+            unused_since: Instant::now(),
+        };
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < self.keep
             && !exhausted
             && !self.pool.is_closed()
+            && !self.aged(&kept)
         {
-            idle.push(conn);
+            idle.push(kept);
         }
         // Otherwise dropped: back to the pool.
     }
@@ -120,9 +196,19 @@ pub struct Tx {
     /// `None` once the transaction ended.
     conn: Option<PoolConnection<Postgres>>,
     home: Arc<Connections>,
+    /// When `home` took the connection from the pool.
+    since: Instant,
+    /// A statement failed for a reason about the session: closed when the transaction ends.
+    session_failed: bool,
 }
 
 impl Tx {
+    /// Records a statement's failure: one about the session ([`session_failed`]) closes the
+    /// connection when the transaction ends, instead of keeping it.
+    pub fn note_failure(&mut self, error: &sqlx::Error) {
+        self.session_failed |= session_failed(error);
+    }
+
     /// Commits with `statement`: `COMMIT`, possibly after `SET LOCAL`s that re-assert what the
     /// commit depends on and before a session reset (see [`super::Wall`]), in one round trip.
     pub async fn commit_with(self, statement: &str) -> Result<(), sqlx::Error> {
@@ -140,8 +226,14 @@ impl Tx {
 
     /// Runs `statement` (COMMIT or ROLLBACK, and what follows it); once it was answered the
     /// connection is kept or given back — unless its last row is a single `true` (the session
-    /// reset found state it cannot undo): then it is closed. On an error (or if this future is
-    /// dropped first) the connection is closed.
+    /// reset found state it cannot undo) or a statement failed for a reason about the session:
+    /// then it is closed. On an error (or if this future is dropped first) the connection is
+    /// closed.
+    ///
+    /// A COMMIT in a transaction that an error aborted answers `ROLLBACK`, not an error. The
+    /// host's commit statement therefore starts with a `SET LOCAL` (see [`super::Wall`]), which
+    /// an aborted transaction refuses (25P02): such a commit returns `Err`, and the delivery is
+    /// not acked.
     async fn end(mut self, statement: &str) -> Result<(), sqlx::Error> {
         let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
             .fetch_all(&mut *self)
@@ -151,11 +243,13 @@ impl Tx {
             .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 0).ok())
             .unwrap_or(false);
         if let Some(conn) = self.conn.take() {
-            if discard {
-                tracing::debug!("session state the reset cannot undo; the connection is closed");
+            if discard || self.session_failed {
+                tracing::debug!(
+                    "session state the reset cannot undo, or a failure about the session; the connection is closed"
+                );
                 let _ = conn.close().await;
             } else {
-                self.home.give_back(conn);
+                self.home.give_back(conn, self.since);
             }
         }
         Ok(())

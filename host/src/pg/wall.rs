@@ -31,6 +31,18 @@ pub struct Wall {
     pub(crate) rollback_sql: String,
 }
 
+impl Wall {
+    /// Opens a delivery's transaction: `BEGIN ... READ WRITE` and the host's `SET LOCAL`s.
+    pub fn begin_sql(&self) -> &str {
+        &self.begin_sql
+    }
+
+    /// Ends a delivery's transaction: the host's `SET LOCAL`s, `COMMIT`, the session reset.
+    pub fn commit_sql(&self) -> &str {
+        &self.commit_sql
+    }
+}
+
 /// Sent after every COMMIT or ROLLBACK of a delivery, in the same round trip, so nothing a
 /// plugin left in the session outlives its delivery: settings (`pg_settings`, `set_config(...,
 /// false)`), temporary tables and functions, held cursors, LISTEN (effective at once: these run

@@ -2,12 +2,17 @@
 //! key run one at a time, in the order they arrived (stream order), while different keys run in
 //! parallel up to `max_in_flight`. A delivery that fails retryably is retried *in place* — its
 //! key stays blocked — until it succeeds or is dead-lettered; then the key moves on.
+//!
+//! A message waiting behind its key is not being handled: it gives its pull credit back (for
+//! up to `ordering.max_waiting` messages per consumer), so a hot key does not stop the others
+//! from being pulled, and the broker is told it is in progress every third of `ack_wait`, so it
+//! is never redelivered — nor counted as an attempt, nor dead-lettered — for the time it waits.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Where a message's ordering key is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +69,8 @@ impl KeySpec {
     }
 }
 
-/// A pulled message waiting for its key, with the credit it holds.
+/// A pulled message waiting for its key, with the permit it holds: its pull credit, or — once
+/// it waits behind a running delivery of its key — a place in `max_waiting`.
 pub type Queued = (jetstream::Message, OwnedSemaphorePermit);
 
 /// The keys being worked on and what waits behind each.
@@ -75,12 +81,22 @@ pub struct KeyedQueues {
 
 impl KeyedQueues {
     /// Queues `item` behind `key`'s running delivery, or — when the key is idle — marks it busy
-    /// and gives the item back for the caller to start a worker with.
-    pub fn enqueue(&self, key: &str, item: Queued) -> Option<Queued> {
+    /// and gives the item back for the caller to start a worker with. A queued item trades its
+    /// pull credit for a permit of `waiting` when one is free (else it keeps the credit, and
+    /// pulling slows down until the queues shrink).
+    pub fn enqueue(&self, key: &str, item: Queued, waiting: &Arc<Semaphore>) -> Option<Queued> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         match keys.get_mut(key) {
             Some(queue) => {
-                queue.push_back(item);
+                let (msg, credit) = item;
+                let permit = match waiting.clone().try_acquire_owned() {
+                    Ok(place) => {
+                        drop(credit);
+                        place
+                    }
+                    Err(_) => credit,
+                };
+                queue.push_back((msg, permit));
                 None
             }
             None => {
@@ -98,6 +114,16 @@ impl KeyedQueues {
             keys.remove(key);
         }
         next
+    }
+
+    /// The reply subjects of every message waiting behind a running delivery of its key: where
+    /// their in-progress acks go.
+    pub fn waiting_replies(&self) -> Vec<async_nats::Subject> {
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.values()
+            .flatten()
+            .filter_map(|(msg, _)| msg.message.reply.clone())
+            .collect()
     }
 }
 

@@ -338,7 +338,7 @@ impl ConsumerRuntime {
 
     /// Runs `work`, telling JetStream the delivery is in progress every third of `ack_wait` so
     /// a slow (but bounded) delivery is not redelivered to someone else meanwhile.
-    async fn with_progress<T>(
+    pub(super) async fn with_progress<T>(
         &self,
         msgs: &[&jetstream::Message],
         work: impl Future<Output = T>,
