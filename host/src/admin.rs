@@ -12,13 +12,19 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::net::{TcpListener, TcpStream};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
 use crate::config::AdminConfig;
 use crate::metrics::Metrics;
 use crate::registry::{DeployError, Registry};
-use http::{ReadError, Request};
 
 pub mod http;
 
@@ -104,7 +110,27 @@ struct Settings {
     max_upload: u64,
 }
 
+/// The live state and the settings, as the handlers see them.
+#[derive(Clone)]
+struct AppState {
+    readiness: Readiness,
+    settings: Settings,
+}
+
+/// The longest a request head may take to arrive (or `admin.request_timeout`, if shorter).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head hyper buffers.
+const MAX_HEAD_BYTES: usize = 16 << 10;
+
 /// Binds `listen` (an error names the key) and serves until the returned value is dropped.
+///
+/// axum on hyper's HTTP/1.1 server: at most `admin.max_connections` connections at once (more
+/// wait in the kernel's backlog, not in memory), each for one request whose head must arrive
+/// within [`HEAD_TIMEOUT`] and whose whole exchange must end within `admin.request_timeout`.
+/// A deploy's token is checked before any byte of its body is read (a client that sent
+/// `Expect: 100-continue` is answered without being asked for the body); the body is read only
+/// up to `admin.max_upload`. Unknown paths answer 404, known paths with another method 405 with
+/// `Allow`.
 pub async fn serve(
     listen: &str,
     config: &AdminConfig,
@@ -122,139 +148,230 @@ pub async fn serve(
         deploys = settings.token.is_some(),
         "admin endpoint listening"
     );
+    let app = router(AppState {
+        readiness,
+        settings,
+    });
+    let deadline = config.request_timeout.0;
+    let connections = Arc::new(Semaphore::new(config.max_connections.max(1) as usize));
     Ok(AdminServer(tokio::spawn(async move {
         loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let (readiness, settings) = (readiness.clone(), settings.clone());
-                    tokio::spawn(async move {
-                        if let Err(e) = answer(stream, &readiness, &settings).await {
-                            debug!(error = %e, "admin request failed");
-                        }
-                    });
-                }
+            let Ok(permit) = connections.clone().acquire_owned().await else {
+                return;
+            };
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
                 Err(e) => {
                     debug!(error = %e, "admin accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
                 }
-            }
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            tokio::spawn(async move {
+                let mut http1 = hyper::server::conn::http1::Builder::new();
+                http1
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT.min(deadline))
+                    .max_buf_size(MAX_HEAD_BYTES)
+                    .keep_alive(false);
+                let connection =
+                    http1.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                match tokio::time::timeout(deadline, connection).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => debug!(error = %e, "admin connection ended"),
+                    Err(_) => debug!(
+                        ?deadline,
+                        "admin connection past admin.request_timeout; closed"
+                    ),
+                }
+                drop(permit);
+            });
         }
     })))
 }
 
-type Answer = (&'static str, &'static str, Vec<u8>);
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/plugins", get(list_plugins).post(deploy))
+        .route("/plugins/rollback", post(rollback))
+        .fallback(|| async { text(StatusCode::NOT_FOUND, "not found") })
+        .with_state(state)
+}
 
-fn text(status: &'static str, body: impl Into<String>) -> Answer {
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
     let mut body = body.into();
     body.push('\n');
-    (status, "text/plain", body.into_bytes())
+    (status, [(header::CONTENT_TYPE, "text/plain")], body).into_response()
 }
 
-async fn answer(
-    mut stream: TcpStream,
-    readiness: &Readiness,
-    settings: &Settings,
-) -> std::io::Result<()> {
-    let (status, content_type, body) =
-        match http::read_request(&mut stream, settings.max_upload).await {
-            Err(ReadError::Gone) => return Ok(()),
-            Err(ReadError::Bad(why)) => text("400 Bad Request", why),
-            Err(ReadError::LengthRequired) => {
-                text("411 Length Required", "send the body with a Content-Length")
-            }
-            Err(ReadError::TooLarge(max)) => text(
-                "413 Content Too Large",
-                format!("component over admin.max_upload ({max} bytes)"),
-            ),
-            Ok(request) => route(request, readiness, settings).await,
-        };
-    http::respond(&mut stream, status, content_type, &body).await
+fn json(value: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec_pretty(value) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
-async fn route(request: Request, readiness: &Readiness, settings: &Settings) -> Answer {
-    match (request.method.as_str(), request.path.as_str()) {
-        ("GET", "/healthz") => text("200 OK", "ok"),
-        ("GET", "/readyz") => match readiness.check().await {
-            Ok(()) => text("200 OK", "ready"),
-            Err(why) => text("503 Service Unavailable", format!("not ready: {why}")),
-        },
-        ("GET", "/metrics") => match readiness.metrics.get() {
-            Some(metrics) => (
-                "200 OK",
+async fn readyz(State(app): State<AppState>) -> Response {
+    match app.readiness.check().await {
+        Ok(()) => text(StatusCode::OK, "ready"),
+        Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}")),
+    }
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    match app.readiness.metrics.get() {
+        Some(metrics) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                metrics.render().into_bytes(),
-            ),
-            None => text("503 Service Unavailable", "metrics not set up yet"),
-        },
-        ("GET", "/plugins") => match readiness.registry.get() {
-            Some(registry) => match serde_json::to_vec_pretty(&registry.report()) {
-                Ok(json) => ("200 OK", "application/json", json),
-                Err(e) => text("500 Internal Server Error", e.to_string()),
-            },
-            None => text("503 Service Unavailable", "plugins not loaded yet"),
-        },
-        ("POST", "/plugins") | ("POST", "/plugins/rollback") => {
-            if let Err(refusal) = authorize(&request, settings) {
-                return refusal;
-            }
-            let Some(registry) = readiness.registry.get() else {
-                return text("503 Service Unavailable", "plugins not loaded yet");
-            };
-            let Some(consumer) = request.query("consumer").map(str::to_string) else {
-                return text("400 Bad Request", "name the consumer: ?consumer=NAME");
-            };
-            let consumer = consumer.as_str();
-            let result = if request.path == "/plugins" {
-                let source = match request.header("idemhost-source") {
-                    Some(label) => format!("api:{label}"),
-                    None => "api".to_string(),
-                };
-                registry.deploy(consumer, request.body, source).await
-            } else {
-                registry.rollback(consumer).await
-            };
-            match result {
-                Ok(d) => {
-                    let json = serde_json::json!({
-                        "consumer": consumer,
-                        "digest": d.version.digest,
-                        "replaced": d.replaced,
-                        "changed": d.changed,
-                        "validation_ms": d.version.validation.as_secs_f64() * 1e3,
-                    });
-                    ("200 OK", "application/json", json.to_string().into_bytes())
-                }
-                Err(e) => {
-                    let status = match e {
-                        DeployError::UnknownConsumer(_) => "404 Not Found",
-                        DeployError::Native(_) | DeployError::NoPrevious(_) => "409 Conflict",
-                        DeployError::Refused { .. } => "422 Unprocessable Content",
-                    };
-                    text(status, e.to_string())
-                }
-            }
+            )],
+            metrics.render(),
+        )
+            .into_response(),
+        None => text(StatusCode::SERVICE_UNAVAILABLE, "metrics not set up yet"),
+    }
+}
+
+async fn list_plugins(State(app): State<AppState>) -> Response {
+    match app.readiness.registry.get() {
+        Some(registry) => json(&registry.report()),
+        None => text(StatusCode::SERVICE_UNAVAILABLE, "plugins not loaded yet"),
+    }
+}
+
+/// `?consumer=NAME`
+#[derive(serde::Deserialize)]
+struct Target {
+    consumer: Option<String>,
+}
+
+/// `POST /plugins?consumer=NAME`: the token is checked, and the consumer looked up, from the
+/// head alone; only then is the body read, up to `admin.max_upload`.
+async fn deploy(
+    State(app): State<AppState>,
+    Query(target): Query<Target>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (registry, consumer) = match authorized(&app, &headers, target) {
+        Ok(found) => found,
+        Err((status, why)) => return text(status, why),
+    };
+    let max = app.settings.max_upload;
+    let too_large = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("component over admin.max_upload ({max} bytes)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return too_large();
+    }
+    let body = match axum::body::to_bytes(body, usize::try_from(max).unwrap_or(usize::MAX)).await {
+        Ok(body) => body,
+        Err(_) => return too_large(),
+    };
+    let source = match headers.get("idemhost-source").and_then(|v| v.to_str().ok()) {
+        Some(label) => format!("api:{label}"),
+        None => "api".to_string(),
+    };
+    deployed(
+        &consumer,
+        registry.deploy(&consumer, body.to_vec(), source).await,
+    )
+}
+
+/// `POST /plugins/rollback?consumer=NAME`.
+async fn rollback(
+    State(app): State<AppState>,
+    Query(target): Query<Target>,
+    headers: HeaderMap,
+) -> Response {
+    match authorized(&app, &headers, target) {
+        Ok((registry, consumer)) => deployed(&consumer, registry.rollback(&consumer).await),
+        Err((status, why)) => text(status, why),
+    }
+}
+
+/// Why a mutating request is refused before its body is read.
+type Refusal = (StatusCode, &'static str);
+
+/// The registry and the consumer a mutating request names, once its token is right.
+fn authorized(
+    app: &AppState,
+    headers: &HeaderMap,
+    target: Target,
+) -> Result<(Arc<Registry>, String), Refusal> {
+    authorize(headers, &app.settings)?;
+    let Some(registry) = app.readiness.registry.get() else {
+        return Err((StatusCode::SERVICE_UNAVAILABLE, "plugins not loaded yet"));
+    };
+    let Some(consumer) = target.consumer else {
+        return Err((StatusCode::BAD_REQUEST, "name the consumer: ?consumer=NAME"));
+    };
+    Ok((registry.clone(), consumer))
+}
+
+fn deployed(consumer: &str, result: Result<crate::registry::Deployed, DeployError>) -> Response {
+    match result {
+        Ok(d) => {
+            let answer = serde_json::json!({
+                "consumer": consumer,
+                "digest": d.version.digest,
+                "replaced": d.replaced,
+                "changed": d.changed,
+                "validation_ms": d.version.validation.as_secs_f64() * 1e3,
+            });
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                answer.to_string(),
+            )
+                .into_response()
         }
-        _ => text("404 Not Found", "not found"),
+        Err(e) => {
+            let status = match e {
+                DeployError::UnknownConsumer(_) => StatusCode::NOT_FOUND,
+                DeployError::Native(_) | DeployError::NoPrevious(_) => StatusCode::CONFLICT,
+                DeployError::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            };
+            text(status, e.to_string())
+        }
     }
 }
 
 /// Mutating requests need `Authorization: Bearer <admin.token>`; without a configured token
 /// they are disabled.
-fn authorize(request: &Request, settings: &Settings) -> Result<(), Answer> {
+fn authorize(headers: &HeaderMap, settings: &Settings) -> Result<(), Refusal> {
     let Some(token) = &settings.token else {
-        return Err(text(
-            "403 Forbidden",
+        return Err((
+            StatusCode::FORBIDDEN,
             "plugin deploys are disabled: no admin.token configured (IDEMHOST_ADMIN__TOKEN)",
         ));
     };
-    let offered = request
-        .header("authorization")
+    let offered = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
     if constant_time_eq(offered.as_bytes(), token.as_bytes()) {
         Ok(())
     } else {
-        Err(text("401 Unauthorized", "missing or wrong admin token"))
+        Err((StatusCode::UNAUTHORIZED, "missing or wrong admin token"))
     }
 }
 

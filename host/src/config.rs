@@ -95,6 +95,21 @@ pub struct AdminConfig {
     /// Largest component a deploy request may upload.
     #[serde(default = "default_max_upload")]
     pub max_upload: Size,
+    /// Connections served at once; more wait in the listen backlog.
+    #[serde(default = "default_admin_connections")]
+    pub max_connections: u32,
+    /// The whole exchange on one connection (one request: head, body and answer) must end
+    /// within this; the request head within the smaller of this and 10 s.
+    #[serde(default = "default_admin_request_timeout")]
+    pub request_timeout: Dur,
+}
+
+fn default_admin_connections() -> u32 {
+    256
+}
+
+fn default_admin_request_timeout() -> Dur {
+    Dur(Duration::from_secs(60))
 }
 
 impl Default for AdminConfig {
@@ -103,6 +118,8 @@ impl Default for AdminConfig {
             listen: None,
             token: None,
             max_upload: default_max_upload(),
+            max_connections: default_admin_connections(),
+            request_timeout: default_admin_request_timeout(),
         }
     }
 }
