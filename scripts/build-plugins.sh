@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-DIST=$ROOT/plugins/dist
+DIST=${IDEMHOST_PLUGINS_DIST:-$ROOT/plugins/dist}
 TOOLS=$ROOT/.cache/toolchain
 mkdir -p "$DIST" "$TOOLS"
 LANGS=${*:-rust py js c}

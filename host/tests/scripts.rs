@@ -1,0 +1,100 @@
+//! The project's scripts read cargo's target directory instead of assuming `target/`: with
+//! `CARGO_TARGET_DIR` set (as many developers have it), `scripts/target-dir.sh` names it and
+//! `scripts/build-plugins.sh rust` builds there and copies what it built; no script spells a
+//! cargo output path by hand.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("idemhost-scripts-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn target_dir_follows_cargo_target_dir() {
+    let elsewhere = scratch("target");
+    let out = Command::new("bash")
+        .arg("scripts/target-dir.sh")
+        .arg("plugins/Cargo.toml")
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", &elsewhere)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        elsewhere.to_str().unwrap()
+    );
+    std::fs::remove_dir_all(&elsewhere).unwrap();
+}
+
+#[test]
+fn build_plugins_builds_in_cargo_target_dir() {
+    let (target, dist) = (scratch("cargo"), scratch("dist"));
+    let out = Command::new("bash")
+        .args(["scripts/build-plugins.sh", "rust"])
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", &target)
+        .env("IDEMHOST_PLUGINS_DIST", &dist)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What was copied is what this build made, in the directory cargo was told to use.
+    for (built, copied) in [
+        ("testkit.wasm", "testkit.wasm"),
+        ("inventory.wasm", "inventory.wasm"),
+        ("order_reservation.wasm", "order-reservation.wasm"),
+    ] {
+        let built = std::fs::read(target.join("wasm32-wasip2/release").join(built)).unwrap();
+        assert_eq!(std::fs::read(dist.join(copied)).unwrap(), built, "{copied}");
+    }
+    std::fs::remove_dir_all(&target).unwrap();
+    std::fs::remove_dir_all(&dist).unwrap();
+}
+
+/// No script names a cargo output directory literally (`target/release`, `plugins/target/…`):
+/// they ask `scripts/target-dir.sh`.
+#[test]
+fn no_script_spells_a_cargo_output_path() {
+    let outputs = [
+        "target/debug",
+        "target/release",
+        "target/wasm32",
+        "target/x86_64",
+        "plugins/target",
+    ];
+    let mut found = Vec::new();
+    for dir in ["scripts", ".ci"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            for (n, line) in text.lines().enumerate() {
+                if !line.trim_start().starts_with('#') && outputs.iter().any(|o| line.contains(o)) {
+                    found.push(format!("{}:{}: {line}", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
