@@ -109,7 +109,8 @@ fn default_admin_connections() -> u32 {
 }
 
 fn default_admin_request_timeout() -> Dur {
-    Dur(Duration::from_secs(60))
+    // A deploy uploads up to `max_upload` and compiles it within this; the CLI waits 120 s.
+    Dur(Duration::from_secs(120))
 }
 
 impl Default for AdminConfig {

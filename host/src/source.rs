@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::{Consumer, pull};
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream::{self, AckKind, stream};
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -449,6 +449,12 @@ impl ConsumerRuntime {
                 self.settle(msg, (slot, credit)).await;
             }
             next = self.keyed.next(&key);
+            if let Some((msg, _)) = &next {
+                // Its turn: in progress from here, whatever the waiting ticker last sent.
+                if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                    debug!(consumer = %self.config.name, error = %e, "in-progress ack failed");
+                }
+            }
         }
     }
 }

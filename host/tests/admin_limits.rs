@@ -150,6 +150,17 @@ async fn slow_clients_and_unauthenticated_uploads_cost_nothing() {
             }
         };
     assert_eq!(http("GET", "/nope", vec![]).await.status, 404);
+    let mut raw = TcpStream::connect(&admin).await.unwrap();
+    raw.write_all(b"DELETE /plugins HTTP/1.1\r\nHost: admin\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    raw.read_to_string(&mut answer).await.unwrap();
+    let head = answer.to_ascii_lowercase();
+    assert!(
+        head.starts_with("http/1.1 405") && head.contains("allow: get,head,post"),
+        "{answer}"
+    );
     assert_eq!(http("DELETE", "/plugins", vec![]).await.status, 405);
     assert_eq!(http("GET", "/plugins/rollback", vec![]).await.status, 405);
     assert_eq!(

@@ -61,8 +61,9 @@ async fn a_kept_connection_ages_out_with_the_pools_max_lifetime() {
     env.cleanup().await;
 }
 
-/// A transaction that fails for a reason about the session (here 25006, what a standby answers
-/// a `BEGIN ... READ WRITE`) closes its connection; a failure about the statement keeps it.
+/// A transaction that fails for a reason about the session (25006, 57P01, 55000) closes its
+/// connection; a failure about the statement keeps it; any refusal of the host's own `BEGIN`
+/// statements closes it.
 #[tokio::test]
 async fn a_failure_about_the_session_closes_the_kept_connection() {
     let env = TestEnv::new("kept_session").await;
@@ -70,45 +71,84 @@ async fn a_failure_about_the_session_closes_the_kept_connection() {
     let (tx, first) = begin_pid(&conns).await;
     tx.commit_with("COMMIT").await.unwrap();
 
-    let statement_error = conns
-        .begin("BEGIN; SELECT 1/0")
+    // A statement's failure in the transaction: the connection stays.
+    let (mut tx, before) = begin_pid(&conns).await;
+    let err = sqlx::raw_sql("SELECT 1/0")
+        .execute(&mut *tx)
         .await
-        .err()
-        .expect("division by zero");
-    assert!(!idemhost::pg::session_failed(&statement_error));
+        .unwrap_err();
+    assert!(!idemhost::pg::session_failed(&err));
+    tx.note_failure(&err);
+    tx.rollback().await.unwrap();
+    assert_eq!(before, first);
     let (tx, same) = begin_pid(&conns).await;
     tx.commit_with("COMMIT").await.unwrap();
     assert_eq!(same, first, "a statement's failure keeps the connection");
 
+    // A failure about the session, later in the transaction (the claim's path): closed.
     for code in ["25006", "57P01", "55000"] {
-        let (tx, before) = begin_pid(&conns).await;
-        tx.commit_with("COMMIT").await.unwrap();
-        let err = conns
-            .begin(&format!(
-                "BEGIN; DO $$ BEGIN RAISE EXCEPTION 'session' USING ERRCODE = '{code}'; END $$"
-            ))
-            .await
-            .err()
-            .expect("raised");
+        let (mut tx, before) = begin_pid(&conns).await;
+        let err = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DO $$ BEGIN RAISE EXCEPTION 'session' USING ERRCODE = '{code}'; END $$"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
         assert!(idemhost::pg::session_failed(&err), "{code}");
+        tx.note_failure(&err);
+        tx.rollback().await.unwrap();
         let (tx, after) = begin_pid(&conns).await;
         tx.commit_with("COMMIT").await.unwrap();
         assert_ne!(after, before, "after {code} the connection is not kept");
     }
 
-    // The same through a transaction that began well and failed later (the claim's path).
-    let (mut tx, before) = begin_pid(&conns).await;
-    let err =
-        sqlx::raw_sql("DO $$ BEGIN RAISE EXCEPTION 'read-only' USING ERRCODE = '25006'; END $$")
-            .execute(&mut *tx)
-            .await
-            .unwrap_err();
-    tx.note_failure(&err);
-    tx.rollback().await.unwrap();
+    // The begin statements refused: closed.
+    let (tx, before) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    assert!(conns.begin("BEGIN; SELECT 1/0").await.is_err());
     let (tx, after) = begin_pid(&conns).await;
     tx.commit_with("COMMIT").await.unwrap();
-    assert_ne!(after, before);
+    assert_ne!(after, before, "a refused BEGIN closes the connection");
     env.cleanup().await;
+}
+
+/// A real standby (a private primary and its streaming replica): `BEGIN ... READ WRITE` is
+/// refused (0A000, "during recovery"), and the kept connection that met it is closed, not
+/// offered to the next delivery.
+#[tokio::test]
+async fn a_connection_to_a_standby_is_not_kept() {
+    let primary = PrivatePostgres::start();
+    let standby = PrivatePostgres::standby_of(&primary);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&standby.url())
+        .await
+        .unwrap();
+    let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(in_recovery);
+    let conns = Connections::new(pool, 1);
+    let (tx, before) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    let err = conns
+        .begin("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE")
+        .await
+        .err()
+        .expect("a standby refuses READ WRITE");
+    assert_eq!(
+        err.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("0A000"),
+        "{err}"
+    );
+    let (tx, after) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    assert_ne!(
+        after, before,
+        "the connection that met the standby's refusal was closed"
+    );
+    conns.pool().close().await;
 }
 
 /// PostgreSQL answers COMMIT in an aborted transaction with the tag ROLLBACK and no error. The

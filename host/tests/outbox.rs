@@ -345,3 +345,69 @@ fn process_cpu() -> Duration {
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     Duration::from_millis(ticks * 10)
 }
+
+/// A broker that stops answering (a private `nats-server` SIGSTOPped) fails the publishes by
+/// timeout: the pass is an error, and no row counts an attempt — an outage sets nothing aside.
+/// Once the server answers again (and a stream captures the subject) the rows leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_does_not_answer_counts_no_attempt() {
+    use idemhost::outbox::relay::{Retry, drain};
+    let env = TestEnv::new("outbox_outage").await;
+    let subject = format!("{}.events", unique("outage"));
+    env.execute(&format!(
+        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
+         SELECT 'outage-v1', 'm-' || g, 0, '{subject}', '[]', 'x' FROM generate_series(1, 5) g"
+    ))
+    .await;
+    let nats = PrivateNats::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::ContextBuilder::new()
+        .timeout(Duration::from_millis(500))
+        .build(client);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "OUTAGE".into(),
+        subjects: vec![subject.clone()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let retry = Retry {
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(10),
+        max_attempts: 1,
+    };
+    let metrics = idemhost::metrics::Metrics::new();
+    nats.signal(libc::SIGSTOP);
+    for _ in 0..3 {
+        let pass = drain(&env.pool, &js, &metrics, 256, retry).await;
+        assert!(
+            pass.is_err(),
+            "a pass whose publishes timed out is an error"
+        );
+    }
+    nats.signal(libc::SIGCONT);
+    assert_eq!(
+        env.scalar(
+            "SELECT count(*) FROM outbox_message WHERE attempts = 0 AND set_aside_at IS NULL"
+        )
+        .await,
+        5,
+        "no attempt counted, nothing set aside"
+    );
+    wait_until(Duration::from_secs(20), "the rows to leave", || async {
+        let _ = drain(&env.pool, &js, &metrics, 256, retry).await;
+        (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
+    })
+    .await;
+    let stored = js
+        .get_stream("OUTAGE")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(stored, 5);
+    env.cleanup().await;
+}

@@ -87,11 +87,19 @@ impl Config {
         if self.outbox.retry_base.0 < Duration::from_millis(10) {
             return bad("outbox.retry_base".into(), "must be at least 10ms");
         }
-        if self.outbox.retry_cap.0 < self.outbox.retry_base.0 {
+        if self.outbox.retry_cap.0 < self.outbox.retry_base.0
+            || self.outbox.retry_cap.0 > Duration::from_secs(86_400)
+        {
             return bad(
                 "outbox.retry_cap".into(),
-                "must be at least outbox.retry_base",
+                "must be at least outbox.retry_base and at most 1 day",
             );
+        }
+        if self.admin.max_connections == 0 {
+            return bad("admin.max_connections".into(), "must be at least 1");
+        }
+        if self.admin.request_timeout.0 < Duration::from_secs(1) {
+            return bad("admin.request_timeout".into(), "must be at least 1s");
         }
         if self.outbox.max_attempts == 0 {
             return bad("outbox.max_attempts".into(), "must be at least 1");

@@ -1,8 +1,9 @@
 //! `idemhost outbox list | retry`: the outbox rows the relay could not publish. A row that
 //! failed `outbox.max_attempts` times is set aside (see [`crate::outbox::relay`]); the operator
 //! lists them with their reason and, once the cause is fixed (a stream now captures the
-//! subject), sends them again. A retried row is published under its deterministic id, so a
-//! row that did reach the stream after all is absorbed as a duplicate.
+//! subject), sends them again. A retried row is published under its deterministic id: a copy
+//! that did reach the stream is dropped by the stream within its duplicate window, and by a
+//! downstream idemhost consumer's marker after it.
 
 use serde::Serialize;
 use sqlx::PgPool;

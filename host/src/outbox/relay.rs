@@ -33,17 +33,20 @@ use crate::pg;
 /// The channel the outbox trigger notifies.
 pub const CHANNEL: &str = "idemhost_outbox";
 
+/// Due rows, in the order they became due (a new row is due when it was inserted; one delivery's
+/// rows share that time and keep their order by id). Served by the partial index of migration
+/// 0008, so rows backing off cost nothing to skip.
 const SELECT_SQL: &str = "SELECT id, consumer_name, source_message_id, seq, subject, headers, \
                           payload, extract(epoch FROM now() - created_at)::float8 \
                           FROM outbox_message \
                           WHERE set_aside_at IS NULL AND next_attempt_at <= now() \
-                          ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED";
+                          ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
 
 /// Counts one failed attempt of each row in `$1` (reasons in `$2`): the next attempt after
 /// `$3` seconds doubled per earlier failure, at most `$4`; set aside at the `$5`-th failure.
 const FAILED_SQL: &str = "UPDATE outbox_message o SET attempts = o.attempts + 1, last_error = f.error, \
-                          next_attempt_at = now() + make_interval(secs => least($4::float8, $3::float8 * 2 ^ least(o.attempts, 60))), \
-                          set_aside_at = CASE WHEN o.attempts + 1 >= $5 THEN now() END \
+                          next_attempt_at = clock_timestamp() + make_interval(secs => least($4::float8, $3::float8 * 2 ^ least(o.attempts, 60))), \
+                          set_aside_at = CASE WHEN o.attempts + 1 >= $5 THEN clock_timestamp() END \
                           FROM unnest($1::bigint[], $2::text[]) AS f(id, error) WHERE o.id = f.id \
                           RETURNING o.set_aside_at IS NOT NULL";
 
@@ -210,10 +213,11 @@ pub async fn drain(
     }
     let mut done = Vec::with_capacity(in_flight.len());
     let (mut failed, mut reasons) = (Vec::new(), Vec::new());
+    let mut transient = None;
     for (id, consumer, subject, age, sent) in in_flight {
         let acked = match sent {
-            Ok(ack) => ack.await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
         };
         match acked {
             Ok(_) => {
@@ -222,6 +226,14 @@ pub async fn drain(
                     Duration::from_secs_f64(age.max(0.0)) + taken.elapsed(),
                 );
                 done.push(id);
+            }
+            // The broker did not answer in time or the connection is down: nothing is wrong
+            // with the row. It is left as it was (no attempt counted) and the pass ends in an
+            // error, so the relay backs off as a whole — an outage sets nothing aside.
+            Err(e) if transient_failure(&e) => {
+                metrics.outbox_failed(&consumer);
+                debug!(consumer = %consumer, %subject, outbox_id = id, error = %e, "outbox publish not acknowledged");
+                transient.get_or_insert_with(|| format!("{subject}: {e}"));
             }
             Err(e) => {
                 metrics.outbox_failed(&consumer);
@@ -256,7 +268,22 @@ pub async fn drain(
         );
     }
     tx.commit().await?;
-    Ok(rows.len())
+    match transient {
+        Some(first) => Err(anyhow::anyhow!(
+            "outbox publishes not acknowledged (first: {first}); retried after a backoff"
+        )),
+        None => Ok(rows.len()),
+    }
+}
+
+/// Whether a publish failed for a reason that is about the broker's reachability rather than
+/// the event (no stream captures it, the stream refuses it): those count an attempt, these not.
+fn transient_failure(e: &jetstream::context::PublishError) -> bool {
+    use jetstream::context::PublishErrorKind as Kind;
+    matches!(
+        e.kind(),
+        Kind::TimedOut | Kind::BrokenPipe | Kind::MaxAckPending
+    )
 }
 
 /// `reason`, cut to [`MAX_ERROR_BYTES`] on a character boundary.

@@ -53,8 +53,8 @@ struct Kept {
 
 /// Whether `error` is about the session rather than the statement: the connection is then
 /// closed, not kept. Connection exceptions (class 08), the server shutting down or the
-/// database going away (57P01–57P04), a read-only server (25006: a standby, or a primary
-/// demoted behind a proxy), and 55000 (object not in prerequisite state: what the host's
+/// database going away (57P01–57P04), a read-only transaction where the host writes (25006: a
+/// server that became read-only behind a proxy), and 55000 (object not in prerequisite state: what the host's
 /// functions raise for a session whose `client_encoding` is not UTF-8).
 pub fn session_failed(error: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = error else {
@@ -95,8 +95,22 @@ impl Connections {
         {
             let closing = this.pool.close_event();
             let kept = Arc::downgrade(&this);
+            // Also sweeps now and then, so kept connections age while no delivery comes.
+            let every = this
+                .idle_timeout
+                .map_or(this.retire_after, |t| t.min(this.retire_after))
+                .max(Duration::from_secs(1));
             runtime.spawn(async move {
-                closing.await;
+                tokio::pin!(closing);
+                loop {
+                    tokio::select! {
+                        _ = &mut closing => break,
+                        _ = tokio::time::sleep(every) => match kept.upgrade() {
+                            Some(this) => this.sweep(),
+                            None => return,
+                        },
+                    }
+                }
                 if let Some(this) = kept.upgrade()
                     && let Ok(mut idle) = this.idle.lock()
                 {
@@ -119,6 +133,7 @@ impl Connections {
     /// (the connection closed if the failure was about the session: [`session_failed`]).
     pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<(Tx, Vec<PgRow>), sqlx::Error> {
         loop {
+            self.sweep();
             let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             let from_pool = kept.is_none();
             let (conn, since) = match kept {
@@ -143,9 +158,11 @@ impl Connections {
                 .await
             {
                 Ok(rows) => return Ok((tx, rows)),
-                // The server answered: the connection works; end what the statements began.
+                // The server refused the host's own fixed statements: that is about the server
+                // or the session (a standby answers `BEGIN ... READ WRITE` with 0A000, "during
+                // recovery"), never about a message. The connection is closed, not kept.
                 Err(e @ sqlx::Error::Database(_)) => {
-                    tx.note_failure(&e);
+                    tx.session_failed = true;
                     let _ = tx.rollback().await;
                     return Err(e);
                 }
@@ -157,6 +174,21 @@ impl Connections {
                 }
             }
         }
+    }
+
+    /// Gives every kept connection that is due back to the pool (the stack is last in, first
+    /// out: the ones under the top would otherwise never be looked at while traffic is low).
+    fn sweep(&self) {
+        let due: Vec<Kept> = match self.idle.lock() {
+            Ok(mut idle) => {
+                let (due, keep): (Vec<Kept>, Vec<Kept>) =
+                    idle.drain(..).partition(|k| self.aged(k));
+                *idle = keep;
+                due
+            }
+            Err(_) => Vec::new(),
+        };
+        drop(due);
     }
 
     /// Whether a kept connection is due back to the pool: kept longer than `retire_after`, or

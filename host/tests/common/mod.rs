@@ -720,6 +720,33 @@ impl PrivatePostgres {
         pg
     }
 
+    /// A streaming standby of `primary` (`pg_basebackup -R`), started: read-only, in recovery.
+    pub fn standby_of(primary: &PrivatePostgres) -> PrivatePostgres {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(unique("idemhost-pg-standby"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pg = PrivatePostgres { port, dir };
+        run("chown", &["nobody:nogroup", pg.path("")]);
+        let source = primary.port.to_string();
+        as_nobody(
+            "pg_basebackup",
+            &[
+                "-D",
+                pg.path("data"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &source,
+                "-U",
+                "idemhost",
+                "-R",
+                "--no-sync",
+            ],
+        );
+        pg.start_again();
+        pg
+    }
+
     fn path(&self, name: &str) -> &str {
         // Leaked once per call site and test: a few bytes, and it keeps the call sites plain.
         let p = self.dir.join(name);
