@@ -315,21 +315,17 @@ async fn stuck_rows_back_off_while_the_rows_behind_them_flow() {
         || async { (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(()) },
     )
     .await;
-    let stored = nats
-        .js
-        .get_stream(&capture)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
-    assert_eq!(stored as i64, STUCK);
+    assert_eq!(stored_in(&nats.js, &capture).await as i64, STUCK);
     nats.js.delete_stream(&capture).await.unwrap();
     host.stop().await;
     nats.cleanup().await;
     env.cleanup().await;
+}
+
+/// Messages stream `name` holds.
+async fn stored_in(js: &async_nats::jetstream::Context, name: &str) -> u64 {
+    let mut stream = js.get_stream(name).await.unwrap();
+    stream.info().await.unwrap().state.messages
 }
 
 /// CPU time (user + system) this process used so far.
@@ -399,15 +395,6 @@ async fn a_broker_that_does_not_answer_counts_no_attempt() {
         (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
     })
     .await;
-    let stored = js
-        .get_stream("OUTAGE")
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
-    assert_eq!(stored, 5);
+    assert_eq!(stored_in(&js, "OUTAGE").await, 5);
     env.cleanup().await;
 }
