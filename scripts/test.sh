@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests, and integration tests against the machine's PostgreSQL
-# (127.0.0.1:5432) and NATS JetStream (127.0.0.1:4222), including the crash tests (built with
+# (127.0.0.1:5432) and NATS JetStream (127.0.0.1:4222) — the core suites then again against
+# nats-server 2.15 and PostgreSQL 18 (scripts/test-matrix.sh) —, including the crash tests (built with
 # the `failpoints` feature), the conformance suite over every plugin language and the container
 # test. Installs what it needs (plugin toolchains, podman, the musl target); exits non-zero on
 # any failure.
@@ -25,3 +26,8 @@ else
 fi
 # failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
 cargo test --workspace --features idemhost/failpoints,idemhost/otlp "$@"
+# The server matrix: the core suites again against nats-server 2.15 and PostgreSQL 18 (private
+# instances; see the script for what runs on both and why). Not when a filter was given.
+if [ $# -eq 0 ]; then
+  scripts/test-matrix.sh
+fi

@@ -123,7 +123,7 @@ async fn startup_errors_name_what_is_wrong() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
-    let admin = sqlx::PgPool::connect(PG_URL).await.unwrap();
+    let admin = sqlx::PgPool::connect(&PG_URL).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS {schema} CASCADE"
     )))
@@ -176,7 +176,7 @@ async fn missing_or_wrong_keys_are_one_line_errors() {
     }
     let admin = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
-        .connect(PG_URL)
+        .connect(&PG_URL)
         .await
         .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(

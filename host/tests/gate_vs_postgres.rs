@@ -35,7 +35,7 @@ static SHARED: LazyLock<Shared> = LazyLock::new(|| {
         // Earlier runs' schemas (this one lives as long as the test process).
         let admin = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
-            .connect(PG_URL)
+            .connect(&PG_URL)
             .await
             .unwrap();
         let old: Vec<String> = sqlx::query_scalar(
@@ -59,7 +59,7 @@ static SHARED: LazyLock<Shared> = LazyLock::new(|| {
         )
         .await;
         let options =
-            idemhost::pg::connect_options(PG_URL, Some(&env.schema), "gate-check").unwrap();
+            idemhost::pg::connect_options(&PG_URL, Some(&env.schema), "gate-check").unwrap();
         let conn = PgConnection::connect_with(&options).await.unwrap();
         (env.schema.clone(), conn)
     });

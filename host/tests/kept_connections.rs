@@ -23,7 +23,7 @@ async fn begin_pid(conns: &std::sync::Arc<Connections>) -> (idemhost::pg::Tx, i3
 
 /// A pool whose connections live `lifetime`; one connection kept.
 async fn kept(env: &TestEnv, lifetime: Option<Duration>) -> std::sync::Arc<Connections> {
-    let options = idemhost::pg::connect_options(PG_URL, Some(&env.schema), &env.schema).unwrap();
+    let options = idemhost::pg::connect_options(&PG_URL, Some(&env.schema), &env.schema).unwrap();
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .max_lifetime(lifetime)

@@ -499,7 +499,7 @@ struct Db {
 async fn admin_pool() -> PgPool {
     PgPoolOptions::new()
         .max_connections(2)
-        .connect(PG_URL)
+        .connect(&PG_URL)
         .await
         .unwrap()
 }
@@ -587,7 +587,7 @@ impl Db {
     /// A superuser connection on this schema, for the checks (whatever the host's role).
     async fn admin_in_schema(&self) -> PgPool {
         let options =
-            idemhost::pg::connect_options(PG_URL, Some(&self.schema), "wall-check").unwrap();
+            idemhost::pg::connect_options(&PG_URL, Some(&self.schema), "wall-check").unwrap();
         PgPoolOptions::new()
             .max_connections(1)
             .connect_with(options)

@@ -17,8 +17,56 @@ use rand::Rng;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-pub const PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
-pub const NATS_URL: &str = "nats://127.0.0.1:4222";
+/// A test setting read once from the environment, else its default: the server matrix
+/// (`scripts/test.sh`) runs the core suites again against private newer servers by setting them.
+pub struct FromEnv {
+    var: &'static str,
+    default: &'static str,
+    value: std::sync::OnceLock<String>,
+}
+
+impl FromEnv {
+    const fn new(var: &'static str, default: &'static str) -> FromEnv {
+        FromEnv {
+            var,
+            default,
+            value: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub fn get(&self) -> &str {
+        self.value.get_or_init(|| {
+            std::env::var(self.var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| self.default.to_string())
+        })
+    }
+}
+
+impl std::ops::Deref for FromEnv {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.get()
+    }
+}
+
+impl std::fmt::Display for FromEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+/// The shared PostgreSQL the tests use (`IDEMHOST_TEST_PG_URL`).
+pub static PG_URL: FromEnv =
+    FromEnv::new("IDEMHOST_TEST_PG_URL", "postgres://root@127.0.0.1:5432/test");
+/// The shared NATS with JetStream (`IDEMHOST_TEST_NATS_URL`).
+pub static NATS_URL: FromEnv = FromEnv::new("IDEMHOST_TEST_NATS_URL", "nats://127.0.0.1:4222");
+/// PostgreSQL's programs for private instances (`IDEMHOST_TEST_PG_BIN`).
+pub static PG_BIN: FromEnv = FromEnv::new("IDEMHOST_TEST_PG_BIN", "/usr/lib/postgresql/15/bin");
+/// `nats-server` for private instances (`IDEMHOST_TEST_NATS_SERVER`).
+pub static NATS_SERVER: FromEnv =
+    FromEnv::new("IDEMHOST_TEST_NATS_SERVER", "/usr/sbin/nats-server");
 
 pub fn unique(tag: &str) -> String {
     format!(
@@ -40,7 +88,7 @@ impl TestEnv {
         let schema = format!("t_{}", unique(tag));
         let admin = PgPoolOptions::new()
             .max_connections(1)
-            .connect(PG_URL)
+            .connect(&PG_URL)
             .await
             .expect("connect to test PostgreSQL");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
@@ -48,7 +96,7 @@ impl TestEnv {
             .await
             .unwrap();
         admin.close().await;
-        let options = idemhost::pg::connect_options(PG_URL, Some(&schema), &schema).unwrap();
+        let options = idemhost::pg::connect_options(&PG_URL, Some(&schema), &schema).unwrap();
         let pool = PgPoolOptions::new()
             .max_connections(12)
             .connect_with(options)
@@ -163,7 +211,7 @@ impl TestEnv {
         .await
         .unwrap();
         let options =
-            idemhost::pg::wall::connect_as(PG_URL, Some(&self.schema), &self.schema, &role, None)
+            idemhost::pg::wall::connect_as(&PG_URL, Some(&self.schema), &self.schema, &role, None)
                 .unwrap();
         let plugin_pool = PgPoolOptions::new()
             .max_connections(8)
@@ -185,7 +233,7 @@ impl TestEnv {
         self.pool.close().await;
         let admin = PgPoolOptions::new()
             .max_connections(1)
-            .connect(PG_URL)
+            .connect(&PG_URL)
             .await
             .unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -362,7 +410,7 @@ pub struct NatsEnv {
 
 impl NatsEnv {
     pub async fn new(tag: &str, duplicate_window: Duration) -> NatsEnv {
-        Self::at(NATS_URL, tag, duplicate_window).await
+        Self::at(&NATS_URL, tag, duplicate_window).await
     }
 
     pub async fn at(url: &str, tag: &str, duplicate_window: Duration) -> NatsEnv {
@@ -629,7 +677,7 @@ impl PrivateNats {
 
     /// (Re)starts the server on the same port and store, and waits until it accepts.
     pub fn restart(&mut self) {
-        let child = std::process::Command::new("/usr/sbin/nats-server")
+        let child = std::process::Command::new(NATS_SERVER.get())
             .args([
                 "-a",
                 "127.0.0.1",
@@ -642,7 +690,7 @@ impl PrivateNats {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .expect("start /usr/sbin/nats-server");
+            .expect("start nats-server");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
@@ -695,7 +743,6 @@ pub struct PrivatePostgres {
     dir: PathBuf,
 }
 
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 impl PrivatePostgres {
     pub fn start() -> PrivatePostgres {
