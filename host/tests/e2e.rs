@@ -397,6 +397,68 @@ async fn consuming_own_dead_letters_is_refused() {
     env.cleanup().await;
 }
 
+/// A consumer with several `subjects`: on NATS 2.10 and newer one durable consumer with
+/// `filter_subjects` receives exactly those subjects; on an older server (which would ignore
+/// the field and deliver the whole stream) the host refuses to start and says why. The server
+/// matrix runs this on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_subjects_are_one_consumer_from_nats_2_10() {
+    let env = TestEnv::new("e2esubjects").await;
+    env.execute("CREATE TABLE subject_effect (subject text NOT NULL)")
+        .await;
+    let nats = NatsEnv::new("e2esubjects", Duration::from_secs(60)).await;
+    let subject = |s: &str| format!("{}.orders.{s}", nats.prefix);
+    let mut cfg = config(&env, &nats, "subjects-v1", "testkit", "");
+    cfg.consumers[0].subjects = vec![subject("placed"), subject("cancelled")];
+    let version = nats.js.client().server_info().version;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) < (2, 10) {
+        let err = Host::new(cfg)
+            .run(
+                idemhost::host::RunOptions::default(),
+                std::future::pending(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("needs a NATS server 2.10 or newer"),
+            "{err:#}"
+        );
+    } else {
+        let host = RunningHost::start(Host::new(cfg));
+        for kind in ["placed", "cancelled", "shipped"] {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Msg-Id", format!("subjects-{kind}").as_str());
+            let script = format!(
+                r#"{{"steps":[{{"execute":"INSERT INTO subject_effect VALUES ($1)","params":["{kind}"]}}]}}"#
+            );
+            nats.js
+                .publish_with_headers(subject(kind), h, script.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        wait_until(Duration::from_secs(30), "both subjects handled", || async {
+            (env.scalar("SELECT count(*) FROM subject_effect").await >= 2).then_some(())
+        })
+        .await;
+        nats.wait_drained("subjects-v1", Duration::from_secs(30))
+            .await;
+        let handled: Vec<String> =
+            sqlx::query_scalar("SELECT subject FROM subject_effect ORDER BY subject")
+                .fetch_all(&env.pool)
+                .await
+                .unwrap();
+        assert_eq!(handled, ["cancelled", "placed"], "server {version}");
+        host.stop().await;
+    }
+    println!("several subjects on nats-server {version}: checked");
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
 /// With `create_stream`, the dead-letter stream is named after the dead-letter subject: two
 /// configurations of one consumer name with different dead-letter subjects (a demo and a
 /// container of the same consumer, say) each get a stream capturing their own subject, instead

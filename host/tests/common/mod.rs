@@ -58,8 +58,10 @@ impl std::fmt::Display for FromEnv {
 }
 
 /// The shared PostgreSQL the tests use (`IDEMHOST_TEST_PG_URL`).
-pub static PG_URL: FromEnv =
-    FromEnv::new("IDEMHOST_TEST_PG_URL", "postgres://root@127.0.0.1:5432/test");
+pub static PG_URL: FromEnv = FromEnv::new(
+    "IDEMHOST_TEST_PG_URL",
+    "postgres://root@127.0.0.1:5432/test",
+);
 /// The shared NATS with JetStream (`IDEMHOST_TEST_NATS_URL`).
 pub static NATS_URL: FromEnv = FromEnv::new("IDEMHOST_TEST_NATS_URL", "nats://127.0.0.1:4222");
 /// PostgreSQL's programs for private instances (`IDEMHOST_TEST_PG_BIN`).
@@ -742,7 +744,6 @@ pub struct PrivatePostgres {
     port: u16,
     dir: PathBuf,
 }
-
 
 impl PrivatePostgres {
     pub fn start() -> PrivatePostgres {
