@@ -108,6 +108,55 @@ async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
     env.cleanup().await;
 }
 
+/// A bare carriage return inside a header value (`X-Note: a\rb`): async-nats 0.51 panicked
+/// the connection task on it (any publisher could cut the consumer's connection, each time the
+/// message was delivered); from 0.52 the client reads it with a space in its place. The message
+/// is handled like any other — applied once, not dead-lettered — and the good ones around it too.
+#[tokio::test]
+async fn a_carriage_return_in_a_header_value_is_read_not_fatal() {
+    let env = TestEnv::new("crhdr").await;
+    env.seed_inventory(&[("sku-1", 1000)]).await;
+    let nats = NatsEnv::new("crhdr", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "inventory",
+        "max_in_flight = 4\nack_wait = \"1s\"\nmax_deliver = 2",
+    )));
+    let good = |range: std::ops::Range<usize>| {
+        range.map(|i| {
+            let id = format!("evt-{i}");
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Msg-Id", id.as_str());
+            (h, order_payload(&id, "sku-1", 1))
+        })
+    };
+    nats.publish_many(good(0..20)).await;
+    publish_raw(
+        NATS_URL.trim_start_matches("nats://"),
+        &nats.subject(),
+        b"Nats-Msg-Id: evt-cr\r\nX-Note: a\rb\r\n",
+        order_payload("evt-cr", "sku-1", 1).as_bytes(),
+    )
+    .await;
+    nats.publish_many(good(20..40)).await;
+    wait_until(Duration::from_secs(30), "41 messages applied", || async {
+        (env.markers(CONSUMER).await >= 41).then_some(())
+    })
+    .await;
+    nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
+    assert_eq!(env.markers(CONSUMER).await, 41);
+    assert_eq!(env.reserved("sku-1").await, 41, "each applied once");
+    assert!(
+        nats.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
 /// An event type a routing plugin does not know is a terminal failure before any effect (the
 /// pipeline dead-letters terminal failures, see `e2e.rs`): no marker is left behind.
 #[tokio::test]
