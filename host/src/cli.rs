@@ -166,12 +166,11 @@ async fn execute_command(cli: Cli) -> anyhow::Result<()> {
             headers,
             payload,
         } => {
-            let client = async_nats::connect(nats_url.as_str())
-                .await
-                .with_context(|| {
-                    format!("failed to connect to NATS at {}", pg::redact_url(&nats_url))
-                })?;
-            let js = async_nats::jetstream::new(client);
+            let nats = crate::config::NatsConfig {
+                url: nats_url,
+                ..Default::default()
+            };
+            let (_client, js) = crate::host::connect_nats(&nats).await?;
             let mut map = async_nats::HeaderMap::new();
             if let Some(id) = &id {
                 map.insert("Nats-Msg-Id", id.as_str());

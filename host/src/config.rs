@@ -38,7 +38,8 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {
-    /// Server URL, e.g. `nats://127.0.0.1:4222`; credentials in the URL are redacted in logs.
+    /// Server URL, e.g. `nats://127.0.0.1:4222`, or several (a cluster's) comma-separated:
+    /// `nats://a:4222,nats://b:4222`; credentials in the URL are redacted in logs.
     #[serde(default = "default_nats_url")]
     pub url: String,
     /// How long the first connection may take before start-up fails.

@@ -25,15 +25,23 @@ use crate::source;
 pub async fn connect_nats(
     config: &NatsConfig,
 ) -> anyhow::Result<(async_nats::Client, async_nats::jetstream::Context)> {
+    // Several servers (a cluster) are comma-separated; the client tries them in turn and then
+    // also the ones the cluster announces.
+    let servers: Vec<&str> = config
+        .url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
     let client = async_nats::ConnectOptions::new()
         .connection_timeout(config.connect_timeout.0)
         .request_timeout(Some(config.request_timeout.0))
-        .connect(config.url.as_str())
+        .connect(servers)
         .await
         .with_context(|| {
             format!(
                 "failed to connect to NATS at {}",
-                pg::redact_url(&config.url)
+                pg::redact_urls(&config.url)
             )
         })?;
     let mut js = async_nats::jetstream::new(client.clone());
@@ -131,7 +139,7 @@ impl Host {
         } else {
             None
         };
-        let nats_url = pg::redact_url(&config.nats.url);
+        let nats_url = pg::redact_urls(&config.nats.url);
         let (client, js) = connect_nats(&config.nats).await?;
         readiness.watch(client.clone(), pool.clone());
 

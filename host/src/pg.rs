@@ -71,6 +71,14 @@ pub fn redact_url(raw: &str) -> String {
     }
 }
 
+/// [`redact_url`] of each URL of a comma-separated list (`nats.url` of a cluster).
+pub fn redact_urls(list: &str) -> String {
+    list.split(',')
+        .map(|u| redact_url(u.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Options for connecting: the URL, an optional schema put first on the search path, and the
 /// session's `application_name`.
 pub fn connect_options(

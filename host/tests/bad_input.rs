@@ -49,7 +49,7 @@ async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
     let started = Instant::now();
     let bad_payload = order_payload("evt-binary", "sku-1", 1);
     publish_raw(
-        &NATS_URL.trim_start_matches("nats://"),
+        NATS_URL.trim_start_matches("nats://"),
         &nats.subject(),
         b"Nats-Msg-Id: evt-binary\r\nX-Blob: \xff\xfe\x80 binary\r\n",
         bad_payload.as_bytes(),

@@ -109,14 +109,13 @@ impl Target {
             .clone()
             .or_else(|| config.map(|c| c.nats.url.clone()))
             .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
-        let client = async_nats::connect(url.as_str()).await.with_context(|| {
-            format!(
-                "failed to connect to NATS at {}",
-                crate::pg::redact_url(&url)
-            )
-        })?;
+        let nats = crate::config::NatsConfig {
+            url,
+            ..config.map(|c| c.nats.clone()).unwrap_or_default()
+        };
+        let (_client, js) = crate::host::connect_nats(&nats).await?;
         let plugins = config.map(|c| c.plugins.clone()).unwrap_or_default();
-        NatsStore::open(&async_nats::jetstream::new(client), &plugins).await
+        NatsStore::open(&js, &plugins).await
     }
 }
 

@@ -15,8 +15,16 @@ impl Config {
                 problem: problem.to_string(),
             })
         };
-        if url::Url::parse(&self.nats.url).is_err() {
-            return bad("nats.url".into(), "is not a URL");
+        if self
+            .nats
+            .url
+            .split(',')
+            .any(|u| url::Url::parse(u.trim()).is_err())
+        {
+            return bad(
+                "nats.url".into(),
+                "is not a URL (several servers: comma-separated URLs)",
+            );
         }
         if !self.postgres.url.starts_with("postgres://")
             && !self.postgres.url.starts_with("postgresql://")

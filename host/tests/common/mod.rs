@@ -897,3 +897,113 @@ impl Drop for PrivatePostgres {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A private JetStream cluster of `nats-server` nodes on loopback (routes between all of them,
+/// a store directory each). Nodes are killed when dropped.
+pub struct PrivateCluster {
+    nodes: Vec<ClusterNode>,
+}
+
+struct ClusterNode {
+    name: String,
+    port: u16,
+    route_port: u16,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateCluster {
+    /// Starts `n` nodes and waits until each accepts connections.
+    pub fn start(n: usize) -> PrivateCluster {
+        let tag = unique("cluster");
+        let nodes = (0..n)
+            .map(|i| ClusterNode {
+                name: format!("n{i}"),
+                port: free_port(),
+                route_port: free_port(),
+                dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-n{i}")),
+                child: None,
+            })
+            .collect();
+        let mut cluster = PrivateCluster { nodes };
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster
+    }
+
+    /// Every node's client URL, comma-separated (what `nats.url` takes).
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// (Re)starts node `i` on its ports and store.
+    pub fn start_node(&mut self, i: usize) {
+        let routes = self
+            .nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.route_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let node = &mut self.nodes[i];
+        let child = std::process::Command::new(NATS_SERVER.get())
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &node.port.to_string(),
+                "-n",
+                &node.name,
+            ])
+            .args(["-js", "--cluster_name", "idemhost-test"])
+            .arg("-cluster")
+            .arg(format!("nats://127.0.0.1:{}", node.route_port))
+            .args(["-routes", &routes, "-sd"])
+            .arg(&node.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        node.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", node.port)).is_err() {
+            assert!(Instant::now() < deadline, "cluster node did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The index of the node called `name` (as stream info names a leader).
+    pub fn index_of(&self, name: &str) -> usize {
+        self.nodes.iter().position(|n| n.name == name).unwrap()
+    }
+
+    /// SIGKILLs node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` to node `i` (SIGSTOP / SIGCONT: a stalled node).
+    pub fn signal(&self, i: usize, signal: i32) {
+        if let Some(child) = &self.nodes[i].child {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.signal(i, libc::SIGCONT);
+            self.kill(i);
+            let _ = std::fs::remove_dir_all(&self.nodes[i].dir);
+        }
+    }
+}
