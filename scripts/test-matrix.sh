@@ -10,10 +10,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 while IFS= read -r line; do export "${line?}"; done < <(scripts/servers.sh)
-PG_BIN=$IDEMHOST_TEST_PG_BIN
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 WORK=$(mktemp -d /tmp/idemhost-matrix.XXXXXX)
 chown nobody:nogroup "$WORK"
+# PostgreSQL runs as `nobody` (initdb refuses root), which may not reach into the checkout (a
+# clone under /root): its programs are copied beside the work directory, wheel layout and all
+# (they find their libraries relative to themselves).
+servers=$(cd "$(dirname "$IDEMHOST_TEST_PG_BIN")/../.." && pwd)
+cp -a "$servers" "$WORK/servers"
+chmod -R a+rX "$WORK/servers"
+export IDEMHOST_TEST_PG_BIN="$WORK/servers/${IDEMHOST_TEST_PG_BIN#"$servers"/}"
+PG_BIN=$IDEMHOST_TEST_PG_BIN
 NATS_PORT=$(free_port)
 NATS_MONITOR=$(free_port)
 PG_PORT=$(free_port)
