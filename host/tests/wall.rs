@@ -176,6 +176,12 @@ fn attacks(schema: &str, victim_stream: &str, kv_bucket: &str, allowed: &str) ->
             "VALUES ((SELECT set_config('lock_timeout', '1', false)))",
         )],
     );
+    add(
+        "explain analyze runs set_config",
+        vec![query(
+            "EXPLAIN ANALYZE SELECT set_config('synchronous_commit', 'off', false)",
+        )],
+    );
     // -- shadowing and the host's tables
     add(
         "temp marker table",
@@ -203,6 +209,13 @@ fn attacks(schema: &str, victim_stream: &str, kv_bucket: &str, allowed: &str) ->
         "forge a marker",
         vec![execute(
             "INSERT INTO processed_message (consumer_name, message_id) VALUES ('healthy-v1', 'forged-1')",
+        )],
+    );
+    add(
+        "merge a forged marker",
+        vec![execute(
+            "MERGE INTO processed_message m USING (VALUES ('healthy-v1', 'forged-3')) v(c, i) \
+             ON m.message_id = v.i WHEN NOT MATCHED THEN INSERT (consumer_name, message_id) VALUES (v.c, v.i)",
         )],
     );
     add(
