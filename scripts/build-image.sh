@@ -14,11 +14,7 @@ command -v runc >/dev/null || missing+=(runc)
 command -v musl-gcc >/dev/null || missing+=(musl-tools) # ring's C and assembly
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
-  sudo=()
-  [ "$(id -u)" = 0 ] || sudo=(sudo)
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
-    || { "${sudo[@]}" apt-get update -q >/dev/null &&
-      "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
+  scripts/apt-install.sh "${missing[@]}"
 fi
 rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
   || rustup target add x86_64-unknown-linux-musl

@@ -117,11 +117,7 @@ ensure_c_tools() {
   done
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing the C toolchain: ${missing[*]}"
-    local sudo=()
-    [ "$(id -u)" = 0 ] || sudo=(sudo)
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
-      || { "${sudo[@]}" apt-get update -q >/dev/null &&
-        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
+    scripts/apt-install.sh "${missing[@]}"
   fi
   ensure_python_tools # wasm-tools comes with the Python toolchain
   # The bindings are committed (wit-bindgen-cli takes ~7 minutes to build here); they must be

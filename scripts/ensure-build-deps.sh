@@ -14,8 +14,4 @@ command -v apt-get >/dev/null || {
   exit 1
 }
 echo "== installing ${missing[*]} (to build the host's SQL parser)"
-sudo=()
-[ "$(id -u)" = 0 ] || sudo=(sudo)
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
-  || { "${sudo[@]}" apt-get update -q >/dev/null &&
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
+"$(dirname "$0")/apt-install.sh" "${missing[@]}"

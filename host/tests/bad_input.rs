@@ -20,16 +20,11 @@ fn header_of(headers: &async_nats::HeaderMap, name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// A header block that is not UTF-8 makes the client drop the connection each time the message
-/// is delivered, so the host never sees it. The server stops one delivery after `max_deliver`;
-/// the host keeps that advisory in a stream, fetches the stored message through the raw API
-/// and dead-letters it with the reason (headers copied with the bad bytes replaced). Good
-/// messages around it apply exactly once; the consumer drains.
-#[tokio::test]
-async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
-    let env = TestEnv::new("badhdr").await;
+/// An inventory consumer that gives up quickly (1 s `ack_wait`, 2 deliveries), with stock.
+async fn inventory_host(tag: &str) -> (TestEnv, NatsEnv, RunningHost) {
+    let env = TestEnv::new(tag).await;
     env.seed_inventory(&[("sku-1", 1000)]).await;
-    let nats = NatsEnv::new("badhdr", Duration::from_secs(60)).await;
+    let nats = NatsEnv::new(tag, Duration::from_secs(60)).await;
     let host = RunningHost::start(Host::new(config(
         &env,
         &nats,
@@ -37,15 +32,30 @@ async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
         "inventory",
         "max_in_flight = 4\nack_wait = \"1s\"\nmax_deliver = 2",
     )));
-    let good = |range: std::ops::Range<usize>| {
-        range.map(|i| {
-            let id = format!("evt-{i}");
-            let mut h = async_nats::HeaderMap::new();
-            h.insert("Nats-Msg-Id", id.as_str());
-            (h, order_payload(&id, "sku-1", 1))
-        })
-    };
-    nats.publish_many(good(0..50)).await;
+    (env, nats, host)
+}
+
+/// Orders `evt-<i>` of one unit of sku-1, under their ids.
+fn good_orders(
+    range: std::ops::Range<usize>,
+) -> impl Iterator<Item = (async_nats::HeaderMap, String)> {
+    range.map(|i| {
+        let id = format!("evt-{i}");
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", id.as_str());
+        (h, order_payload(&id, "sku-1", 1))
+    })
+}
+
+/// A header block that is not UTF-8 makes the client drop the connection each time the message
+/// is delivered, so the host never sees it. The server stops one delivery after `max_deliver`;
+/// the host keeps that advisory in a stream, fetches the stored message through the raw API
+/// and dead-letters it with the reason (headers copied with the bad bytes replaced). Good
+/// messages around it apply exactly once; the consumer drains.
+#[tokio::test]
+async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
+    let (env, nats, host) = inventory_host("badhdr").await;
+    nats.publish_many(good_orders(0..50)).await;
     let started = Instant::now();
     let bad_payload = order_payload("evt-binary", "sku-1", 1);
     publish_raw(
@@ -60,7 +70,7 @@ async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
     let long_id = "x".repeat(60_000);
     nats.publish(Some(&long_id), &order_payload("long", "sku-1", 1))
         .await;
-    nats.publish_many(good(50..100)).await;
+    nats.publish_many(good_orders(50..100)).await;
 
     let letters = wait_until(Duration::from_secs(60), "two dead letters", || async {
         let letters = nats.dead_letters().await;
@@ -114,25 +124,8 @@ async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
 /// is handled like any other — applied once, not dead-lettered — and the good ones around it too.
 #[tokio::test]
 async fn a_carriage_return_in_a_header_value_is_read_not_fatal() {
-    let env = TestEnv::new("crhdr").await;
-    env.seed_inventory(&[("sku-1", 1000)]).await;
-    let nats = NatsEnv::new("crhdr", Duration::from_secs(60)).await;
-    let host = RunningHost::start(Host::new(config(
-        &env,
-        &nats,
-        CONSUMER,
-        "inventory",
-        "max_in_flight = 4\nack_wait = \"1s\"\nmax_deliver = 2",
-    )));
-    let good = |range: std::ops::Range<usize>| {
-        range.map(|i| {
-            let id = format!("evt-{i}");
-            let mut h = async_nats::HeaderMap::new();
-            h.insert("Nats-Msg-Id", id.as_str());
-            (h, order_payload(&id, "sku-1", 1))
-        })
-    };
-    nats.publish_many(good(0..20)).await;
+    let (env, nats, host) = inventory_host("crhdr").await;
+    nats.publish_many(good_orders(0..20)).await;
     publish_raw(
         NATS_URL.trim_start_matches("nats://"),
         &nats.subject(),
@@ -140,7 +133,7 @@ async fn a_carriage_return_in_a_header_value_is_read_not_fatal() {
         order_payload("evt-cr", "sku-1", 1).as_bytes(),
     )
     .await;
-    nats.publish_many(good(20..40)).await;
+    nats.publish_many(good_orders(20..40)).await;
     wait_until(Duration::from_secs(30), "41 messages applied", || async {
         (env.markers(CONSUMER).await >= 41).then_some(())
     })

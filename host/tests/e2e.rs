@@ -381,18 +381,8 @@ async fn consuming_own_dead_letters_is_refused() {
     let nats = NatsEnv::new("e2eowndlq", Duration::from_secs(60)).await;
     let mut cfg = config(&env, &nats, CONSUMER, "inventory", "");
     cfg.consumers[0].subjects = vec![format!("{}.>", nats.prefix)];
-    let err = Host::new(cfg)
-        .run(
-            idemhost::host::RunOptions::default(),
-            std::future::pending(),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("would consume its own dead letters"),
-        "{err:#}"
-    );
+    let err = start_error(cfg).await;
+    assert!(err.contains("would consume its own dead letters"), "{err}");
     nats.cleanup().await;
     env.cleanup().await;
 }
@@ -414,17 +404,8 @@ async fn several_subjects_are_one_consumer_from_nats_2_10() {
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     if (major, minor) < (2, 10) {
-        let err = Host::new(cfg)
-            .run(
-                idemhost::host::RunOptions::default(),
-                std::future::pending(),
-            )
-            .await
-            .unwrap_err();
-        assert!(
-            format!("{err:#}").contains("needs a NATS server 2.10 or newer"),
-            "{err:#}"
-        );
+        let err = start_error(cfg).await;
+        assert!(err.contains("needs a NATS server 2.10 or newer"), "{err}");
     } else {
         let host = RunningHost::start(Host::new(cfg));
         for kind in ["placed", "cancelled", "shipped"] {

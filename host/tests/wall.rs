@@ -558,19 +558,7 @@ impl Db {
             )
         };
         let url = format!("postgres://{host_user}@127.0.0.1:5432/test");
-        let options = idemhost::pg::connect_options(&url, Some(&schema), &schema).unwrap();
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap();
-        idemhost::pg::migrate(&pool, Some(&schema)).await.unwrap();
-        sqlx::raw_sql(include_str!(
-            "../../examples/order-flow/migrations/0001_inventory.sql"
-        ))
-        .execute(&pool)
-        .await
-        .unwrap();
+        let pool = schema_pool(&url, &schema, 4).await;
         run(&pool, TABLES_SQL).await;
         Db {
             schema,
@@ -991,18 +979,6 @@ fn one_consumer(db: &Db, nats: &NatsEnv, extra: &str) -> idemhost::Config {
         plugin_path("testkit").display(),
         nats.dlq(),
     ))
-}
-
-async fn start_error(config: idemhost::Config) -> String {
-    let run = idemhost::Host::new(config).run(
-        idemhost::host::RunOptions::default(),
-        std::future::pending::<()>(),
-    );
-    match tokio::time::timeout(Duration::from_secs(60), run).await {
-        Ok(Err(e)) => format!("{e:#}"),
-        Ok(Ok(())) => panic!("the host ran"),
-        Err(_) => panic!("the host started instead of refusing"),
-    }
 }
 
 /// A host that may not create roles, with no `consumer.role`, refuses to start — it never runs

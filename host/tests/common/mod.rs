@@ -70,6 +70,47 @@ pub static PG_BIN: FromEnv = FromEnv::new("IDEMHOST_TEST_PG_BIN", "/usr/lib/post
 pub static NATS_SERVER: FromEnv =
     FromEnv::new("IDEMHOST_TEST_NATS_SERVER", "/usr/sbin/nats-server");
 
+/// A pool on `schema` of the PostgreSQL at `url`, with the host's and the example's migrations
+/// applied.
+pub async fn schema_pool(url: &str, schema: &str, max_connections: u32) -> PgPool {
+    let options = idemhost::pg::connect_options(url, Some(schema), schema).unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(options)
+        .await
+        .unwrap();
+    idemhost::pg::migrate(&pool, Some(schema)).await.unwrap();
+    sqlx::raw_sql(include_str!(
+        "../../../examples/order-flow/migrations/0001_inventory.sql"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool
+}
+
+/// Waits (up to 10 s) until something accepts connections on 127.0.0.1:`port`.
+fn wait_accepting(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs a host with `config` and returns why it refused to start (panics if it starts).
+pub async fn start_error(config: Config) -> String {
+    let run = Host::new(config).run(
+        idemhost::host::RunOptions::default(),
+        std::future::pending::<()>(),
+    );
+    match tokio::time::timeout(Duration::from_secs(60), run).await {
+        Ok(Err(e)) => format!("{e:#}"),
+        Ok(Ok(())) => panic!("the host ran"),
+        Err(_) => panic!("the host started instead of refusing"),
+    }
+}
+
 pub fn unique(tag: &str) -> String {
     format!(
         "{}_{:08x}",
@@ -98,19 +139,7 @@ impl TestEnv {
             .await
             .unwrap();
         admin.close().await;
-        let options = idemhost::pg::connect_options(&PG_URL, Some(&schema), &schema).unwrap();
-        let pool = PgPoolOptions::new()
-            .max_connections(12)
-            .connect_with(options)
-            .await
-            .unwrap();
-        idemhost::pg::migrate(&pool, Some(&schema)).await.unwrap();
-        sqlx::raw_sql(include_str!(
-            "../../../examples/order-flow/migrations/0001_inventory.sql"
-        ))
-        .execute(&pool)
-        .await
-        .unwrap();
+        let pool = schema_pool(&PG_URL, &schema, 12).await;
         TestEnv { schema, pool }
     }
 
@@ -694,14 +723,7 @@ impl PrivateNats {
             .spawn()
             .expect("start nats-server");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "private nats-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_accepting(self.port, "private nats-server");
     }
 
     /// Stops the server gracefully (SIGTERM: it flushes its store) and waits for it to exit.
@@ -969,11 +991,7 @@ impl PrivateCluster {
             .spawn()
             .expect("start nats-server");
         node.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", node.port)).is_err() {
-            assert!(Instant::now() < deadline, "cluster node did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_accepting(node.port, "cluster node");
     }
 
     /// The index of the node called `name` (as stream info names a leader).
