@@ -1,0 +1,205 @@
+//! One `[[consumer]]`: what it consumes, how its deliveries run, and the plugin's limits and
+//! grants.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::defaults::*;
+use super::{Dur, Isolation, Size};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Stable logical consumer name: the marker's `consumer_name`. Never a pod or host id;
+    /// changing it is a deliberate replay of everything the stream still holds.
+    pub name: String,
+    /// JetStream stream to consume.
+    pub stream: String,
+    /// Subjects to consume (the consumer's filter); empty means the whole stream. With
+    /// `create_stream`, also the stream's subjects.
+    #[serde(default)]
+    pub subjects: Vec<String>,
+    /// The handler component (`.wasm`). May be omitted only when an embedding program
+    /// registers a native handler under this consumer's name.
+    #[serde(default)]
+    pub plugin: Option<PathBuf>,
+    /// `read-committed` (default), `repeatable-read` or `serializable`.
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// Deliveries handled at once (each holds one PostgreSQL connection).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: u32,
+    /// Group commit: up to this many deliveries share one transaction, each behind its own
+    /// SAVEPOINT (1: one transaction per delivery). `max_in_flight` then counts transactions.
+    #[serde(default = "default_batch_max")]
+    pub batch_max: u32,
+    /// How long a batch waits for more deliveries after its first one before it starts.
+    #[serde(default = "default_batch_linger")]
+    pub batch_linger: Dur,
+    /// Deliveries of one message before a retryable failure is dead-lettered.
+    #[serde(default = "default_max_deliver")]
+    pub max_deliver: u32,
+    /// Redelivery delay after the n-th failed delivery (the last entry repeats).
+    #[serde(default = "default_backoff")]
+    pub backoff: Vec<Dur>,
+    /// Wall-clock budget of one handler call; past it the plugin is interrupted and the
+    /// delivery rolls back as retryable.
+    #[serde(default = "d_5s")]
+    pub handler_timeout: Dur,
+    /// `SET LOCAL statement_timeout` of every statement in a delivery's transaction
+    /// (default: `handler_timeout`).
+    #[serde(default)]
+    pub statement_timeout: Option<Dur>,
+    /// Largest payload handled; a larger one is a terminal failure (dead-lettered with the
+    /// reason), before any transaction or plugin call.
+    #[serde(default = "default_max_payload")]
+    pub max_payload: Size,
+    /// Memory (all linear memories and tables together) one plugin instance may use.
+    #[serde(default = "default_memory_limit")]
+    pub memory_limit: Size,
+    /// Subject that receives terminal and out-of-attempts messages, with the original id,
+    /// headers and payload plus `Idemhost-Failure-Reason`. Default `dlq.<name>`. Some stream
+    /// must capture it (with `create_stream`, the host creates one).
+    #[serde(default)]
+    pub dead_letter_subject: Option<String>,
+    /// Create the stream (and a dead-letter stream) when missing, instead of failing; add
+    /// this consumer's subjects to the stream when it lacks them (consumers sharing a stream).
+    #[serde(default)]
+    pub create_stream: bool,
+    /// Header holding the producer's stable message id. `Idemhost-Message-Id`, set by
+    /// dead-letter replays, is read first.
+    #[serde(default = "default_id_header")]
+    pub id_header: String,
+    /// How long JetStream waits for an ack before redelivering; the host sends in-progress
+    /// acks every third of it while a delivery runs.
+    #[serde(default = "d_30s")]
+    pub ack_wait: Dur,
+    /// Attempts of the whole transaction (claim included) on serialization failure or
+    /// deadlock, before the delivery is nak'ed.
+    #[serde(default = "default_tx_attempts")]
+    pub tx_max_attempts: u32,
+    /// Durable consumer name; default derived from `name` (characters JetStream refuses
+    /// become `_`).
+    #[serde(default)]
+    pub durable: Option<String>,
+    /// How far back messages of this consumer may still be replayed (from the stream, its
+    /// dead letters, an archive or a disaster-recovery copy). `markers prune` refuses to delete
+    /// markers younger than this: a replayed message whose marker is gone would apply twice.
+    #[serde(default = "d_30d")]
+    pub replay_horizon: Dur,
+    /// SQL proving a message's business effect, for `idemhost check`: `$1` is the message id
+    /// (or the `--effect-param` given); one or more rows means the effect exists.
+    #[serde(default)]
+    pub effect_query: Option<String>,
+    /// PostgreSQL role the plugin's connections log in as: its SQL can reach only what this
+    /// role was granted, and no statement can make it act as another role. Absent: the host
+    /// derives `idemhost_<schema>_<name>` and creates it (if its own role may create roles;
+    /// otherwise it refuses to start and prints what to run). The host refuses a role that is a
+    /// superuser, may create roles or databases, bypasses RLS, replicates, is a member of a
+    /// role that may, owns or may touch the host's tables. See SECURITY.md.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Password of `role`, when the server asks for one (`IDEMHOST_CONSUMER__<i>__ROLE_PASSWORD`).
+    /// The host's own password is never sent for the plugin's role.
+    #[serde(default)]
+    pub role_password: Option<String>,
+    /// Tables (`name` in `postgres.schema`, or `schema.name`) the host grants the plugin's role
+    /// SELECT, INSERT, UPDATE and DELETE on at start, with USAGE on the schema's sequences;
+    /// `"*"`: every table of `postgres.schema` that exists at start, except the host's own.
+    /// Grant anything else yourself.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Subjects the plugin may publish to through the outbox (NATS patterns: `*` one token,
+    /// `>` the rest). Empty: the plugin may not publish. `$`-subjects (JetStream API, KV,
+    /// object store) are refused whatever this says.
+    #[serde(default)]
+    pub publish_subjects: Vec<String>,
+    /// Per-key ordering within this process: deliveries with the same key run one at a time in
+    /// arrival (stream) order; a retryable failure is retried in place and blocks only its key.
+    #[serde(default)]
+    pub ordering: Option<OrderingConfig>,
+    /// Values of the `event_type` label of `idemhost_deliveries_total` (the event type comes
+    /// from a producer's header or the subject, so it is input): these, and every other value
+    /// counts as `other`. Empty: the first `max_event_type_labels` distinct values seen.
+    #[serde(default)]
+    pub event_type_labels: Vec<String>,
+    /// How many distinct `event_type` label values one consumer's metrics keep when
+    /// `event_type_labels` is empty; later values count as `other`.
+    #[serde(default = "default_max_event_type_labels")]
+    pub max_event_type_labels: u32,
+}
+
+/// `ordering = { key = "header:Idemhost-Ordering-Key" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderingConfig {
+    /// `header:NAME`, `subject:N` (a 0-based subject token) or `json:/pointer` (payload field).
+    pub key: String,
+    /// Messages that may wait behind a running delivery of their key without holding a pull
+    /// credit (the host holds them in memory: at most this many times `max_payload`). Beyond
+    /// it, waiting messages keep their credits and the consumer pulls more slowly.
+    #[serde(default = "default_max_waiting")]
+    pub max_waiting: u32,
+}
+
+/// Whether `key` is a valid NATS KV key (the consumer name keys the plugin version pointer).
+pub fn is_kv_key(key: &str) -> bool {
+    !key.is_empty()
+        && !key.starts_with('.')
+        && !key.ends_with('.')
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c))
+}
+
+/// A lower-case SQL identifier that needs no quoting care: a-z, 0-9 and `_`, not starting with a
+/// digit, at most 63 bytes (schema and role names).
+pub fn is_plain_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Longest message id accepted (bytes); longer ids are terminal.
+pub const MAX_MESSAGE_ID_BYTES: usize = 256;
+
+impl ConsumerConfig {
+    pub fn durable_name(&self) -> String {
+        self.durable.clone().unwrap_or_else(|| {
+            self.name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        })
+    }
+
+    pub fn dead_letter_subject(&self) -> String {
+        self.dead_letter_subject
+            .clone()
+            .unwrap_or_else(|| format!("dlq.{}", self.durable_name()))
+    }
+
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout.unwrap_or(self.handler_timeout).0
+    }
+
+    /// Redelivery delay after failed delivery number `attempt` (1-based).
+    pub fn backoff_for(&self, attempt: u32) -> Duration {
+        let i = (attempt.max(1) as usize - 1).min(self.backoff.len().saturating_sub(1));
+        self.backoff
+            .get(i)
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1))
+    }
+}

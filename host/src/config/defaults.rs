@@ -1,0 +1,136 @@
+//! The default values of configuration keys (serde's `default = "…"`).
+
+use std::time::Duration;
+
+use super::{Dur, Size};
+
+pub(super) fn default_admin_connections() -> u32 {
+    256
+}
+
+pub(super) fn default_admin_request_timeout() -> Dur {
+    // A deploy uploads up to `max_upload` and compiles it within this; the CLI waits 120 s.
+    Dur(Duration::from_secs(120))
+}
+
+pub(super) fn d_5m() -> Dur {
+    Dur(Duration::from_secs(300))
+}
+
+pub(super) fn default_outbox_max_attempts() -> u32 {
+    10
+}
+
+pub(super) fn default_max_event_type_labels() -> u32 {
+    32
+}
+
+pub(super) fn default_max_waiting() -> u32 {
+    256
+}
+
+pub(super) fn default_nats_url() -> String {
+    "nats://127.0.0.1:4222".into()
+}
+
+pub(super) fn default_max_connections() -> u32 {
+    16
+}
+
+pub(super) fn default_batch_linger() -> Dur {
+    Dur(Duration::from_millis(2))
+}
+
+pub(super) fn default_max_in_flight() -> u32 {
+    16
+}
+
+pub(super) fn default_tx_attempts() -> u32 {
+    5
+}
+
+pub(super) fn default_max_payload() -> Size {
+    Size(8 << 20)
+}
+
+pub(super) fn default_id_header() -> String {
+    "Nats-Msg-Id".into()
+}
+
+pub(super) fn default_keep_resident() -> Size {
+    Size(4 << 20)
+}
+
+pub(super) fn default_max_upload() -> Size {
+    Size(128 << 20)
+}
+
+pub(super) fn default_version_bucket() -> String {
+    "idemhost-plugin-versions".into()
+}
+
+pub(super) fn default_plugin_history() -> u32 {
+    16
+}
+
+pub(super) fn d_5s() -> Dur {
+    Dur(Duration::from_secs(5))
+}
+
+pub(super) fn d_15s() -> Dur {
+    Dur(Duration::from_secs(15))
+}
+
+pub(super) fn d_60s() -> Dur {
+    Dur(Duration::from_secs(60))
+}
+
+pub(super) fn default_application_name() -> String {
+    "idemhost".into()
+}
+
+pub(super) fn default_batch_max() -> u32 {
+    1
+}
+
+pub(super) fn default_max_deliver() -> u32 {
+    5
+}
+
+pub(super) fn default_backoff() -> Vec<Dur> {
+    [100, 1_000, 10_000]
+        .map(|ms| Dur(Duration::from_millis(ms)))
+        .to_vec()
+}
+
+pub(super) fn default_memory_limit() -> Size {
+    Size(64 << 20)
+}
+
+pub(super) fn default_true() -> bool {
+    true
+}
+
+pub(super) fn default_object_bucket() -> String {
+    "idemhost-plugins".into()
+}
+
+pub(super) fn default_outbox_batch() -> u32 {
+    256
+}
+
+pub(super) fn d_1s() -> Dur {
+    Dur(Duration::from_secs(1))
+}
+
+pub(super) fn d_10s() -> Dur {
+    Dur(Duration::from_secs(10))
+}
+
+pub(super) fn d_30s() -> Dur {
+    Dur(Duration::from_secs(30))
+}
+
+pub(super) fn d_30d() -> Dur {
+    Dur(Duration::from_secs(30 * 86_400))
+}
