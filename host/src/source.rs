@@ -46,9 +46,6 @@ struct Gathering {
     until: Option<tokio::time::Instant>,
 }
 
-/// JetStream's in-progress ack: the delivery's ack deadline starts again.
-const IN_PROGRESS: &[u8] = b"+WPI";
-
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
@@ -412,7 +409,7 @@ impl ConsumerRuntime {
         loop {
             tokio::time::sleep(every).await;
             for reply in self.keyed.waiting_replies() {
-                if let Err(e) = self.client.publish(reply, IN_PROGRESS.into()).await {
+                if let Err(e) = self.client.publish(reply, AckKind::Progress.into()).await {
                     debug!(consumer = %self.config.name, error = %e, "in-progress ack failed");
                 }
             }

@@ -133,7 +133,6 @@ impl Connections {
     /// (the connection closed if the failure was about the session: [`session_failed`]).
     pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<(Tx, Vec<PgRow>), sqlx::Error> {
         loop {
-            self.sweep();
             let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             let from_pool = kept.is_none();
             let (conn, since) = match kept {
@@ -176,8 +175,9 @@ impl Connections {
         }
     }
 
-    /// Gives every kept connection that is due back to the pool (the stack is last in, first
-    /// out: the ones under the top would otherwise never be looked at while traffic is low).
+    /// Gives every kept connection that is due back to the pool. Run on a timer (see
+    /// [`Connections::new`]), not per transaction: the stack is last in, first out, so the ones
+    /// under the top are not looked at by `begin`, which checks only the one it takes.
     fn sweep(&self) {
         let due: Vec<Kept> = match self.idle.lock() {
             Ok(mut idle) => {
