@@ -71,7 +71,9 @@ impl Default for NatsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresConfig {
-    /// Connection URL, e.g. `postgres://app@127.0.0.1:5432/app`.
+    /// Connection URL, e.g. `postgres://app@127.0.0.1:5432/app`. Several servers as libpq
+    /// writes them: `postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write` (the
+    /// host uses the first that offers such a session and follows the primary when it moves).
     pub url: String,
     /// Size of the host's own pool: native handlers' deliveries (each holds one connection),
     /// the outbox relay, samplers, the host's checks. A plugin's deliveries run on a pool of
@@ -88,6 +90,11 @@ pub struct PostgresConfig {
     /// `application_name` of the host's sessions, as `pg_stat_activity` shows it.
     #[serde(default = "default_application_name")]
     pub application_name: String,
+    /// With several servers in `url` (or a `target_session_attrs`): how often the host asks the
+    /// one in use whether it still offers the session asked for, and looks for the one that
+    /// does when not (see `pg::failover`).
+    #[serde(default = "d_1s")]
+    pub failover_check_interval: Dur,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -107,7 +107,9 @@ impl Host {
             Some(listen) => Some(admin::serve(listen, &config.admin, readiness.clone()).await?),
             None => None,
         };
-        let pool = pg::connect(&config.postgres, config.postgres.max_connections).await?;
+        let (pool, failover) =
+            pg::connect_following(&config.postgres, config.postgres.max_connections).await?;
+        let _watcher = failover.spawn_watch(config.postgres.failover_check_interval.0);
         if options.migrate {
             pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
         }
@@ -233,9 +235,14 @@ impl Host {
                 let role = pg::wall::plugin_role(&config.postgres, c);
                 pg::wall::provision(&pool, c, &role).await?;
                 let size = c.max_in_flight.max(1);
-                let plugin_pool =
-                    pg::wall::role_pool(&config.postgres, &role, c.role_password.as_deref(), size)
-                        .await?;
+                let plugin_pool = pg::wall::role_pool(
+                    &config.postgres,
+                    &failover,
+                    &role,
+                    c.role_password.as_deref(),
+                    size,
+                )
+                .await?;
                 settings.keep_connections = size as usize;
                 info!(consumer = %c.name, %role, connections = size, "plugin role ready");
                 Claimer::with_plugin_pool(pool.clone(), plugin_pool, settings)

@@ -9,8 +9,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::PostgresConfig;
 
+pub mod failover;
 mod tx;
 pub mod wall;
+pub use failover::Failover;
 pub use tx::{Connections, Tx, session_failed};
 pub use wall::Wall;
 
@@ -59,15 +61,29 @@ pub fn describe(error: &sqlx::Error) -> String {
 
 /// A URL with its password replaced by `***`, for error messages and logs.
 pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                // Setting a password only fails for URLs that cannot have one.
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
+    if let Ok(mut u) = url::Url::parse(raw) {
+        if u.password().is_some() {
+            // Setting a password only fails for URLs that cannot have one.
+            let _ = u.set_password(Some("***"));
         }
-        Err(_) => "<unparseable url>".to_string(),
+        return u.to_string();
+    }
+    // Several hosts (`h1:5432,h2:5432`) are not a URL to the `url` crate: by hand, then.
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return "<unparseable url>".to_string();
+    };
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => {
+            let user = authority[..at].split(':').next().unwrap_or_default();
+            let password = if authority[..at].contains(':') {
+                ":***"
+            } else {
+                ""
+            };
+            format!("{scheme}://{user}{password}{}", &rest[at..])
+        }
+        None => raw.to_string(),
     }
 }
 
@@ -94,19 +110,28 @@ pub fn connect_options(
 }
 
 /// Opens the pool and checks one connection, so an unreachable server is reported at start-up
-/// with its (redacted) URL rather than at the first message.
+/// with its (redacted) URL rather than at the first message. Of several servers, the first that
+/// offers the session `target_session_attrs` asks for ([`failover`]).
 pub async fn connect(config: &PostgresConfig, max_connections: u32) -> anyhow::Result<PgPool> {
-    let url = config.url.as_str();
-    let shown = redact_url(url);
-    let options = connect_options(url, config.schema.as_deref(), &config.application_name)
-        .map_err(|e| anyhow::anyhow!("invalid postgres.url {shown}: {e}"))?;
+    Ok(connect_following(config, max_connections).await?.0)
+}
+
+/// [`connect`], and the [`Failover`] that keeps the pool (and the pools it is given to follow)
+/// on the server `postgres.url` asks for.
+pub async fn connect_following(
+    config: &PostgresConfig,
+    max_connections: u32,
+) -> anyhow::Result<(PgPool, std::sync::Arc<Failover>)> {
+    let failover = Failover::find(config).await?;
+    let shown = redact_url(failover.current_url());
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(config.acquire_timeout.0)
-        .connect_with(options)
+        .connect_with(failover.options())
         .await
         .map_err(|e| anyhow::anyhow!("failed to connect to PostgreSQL at {shown}: {e}"))?;
-    Ok(pool)
+    failover.follow(&pool);
+    Ok((pool, failover))
 }
 
 /// The host's own migrations (`migrations/`), embedded in the binary.

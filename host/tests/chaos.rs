@@ -163,6 +163,69 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
 
 const MARKERS: &str = "SELECT count(*) FROM processed_message";
 
+/// The primary dies (immediate shutdown) in the middle of 10,000 deliveries and its streaming
+/// standby is promoted. The host was given both servers with `target_session_attrs=read-write`:
+/// it moves its pools (its own and the plugin role's) to the new primary and finishes there.
+/// Replication is synchronous, so every commit the host acked is on the standby: the new
+/// primary's markers and stock prove nothing was lost and nothing applied twice. Without the
+/// host following the primary, no commit ever lands on the standby and the test times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_takes_over_and_nothing_is_lost_or_doubled() {
+    const N: usize = 10_000;
+    let nats = NatsEnv::new("chaos_failover", Duration::from_secs(60)).await;
+    let (primary, text) = private_postgres(&nats).await;
+    let standby = PrivatePostgres::standby_of(&primary);
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    sqlx::raw_sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        .execute(&admin)
+        .await
+        .unwrap();
+    sqlx::raw_sql("SELECT pg_reload_conf()")
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    wait_until(Duration::from_secs(30), "a synchronous standby", || async {
+        let sync = "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'";
+        (scalar(&primary, sync).await? == 1).then_some(())
+    })
+    .await;
+    let both = format!(
+        "postgres://idemhost@{},{}/postgres?target_session_attrs=read-write",
+        primary.address(),
+        standby.address()
+    );
+    let text = text.replace(&primary.url(), &both).replace(
+        "acquire_timeout = \"1s\"\n",
+        "acquire_timeout = \"1s\"\nfailover_check_interval = \"500ms\"\n",
+    );
+    publish_orders(&nats, N).await;
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    let started = Instant::now();
+    wait_for_markers(&primary, N / 3).await;
+    primary.stop_immediate();
+    let failed_at = Instant::now();
+    standby.promote();
+    let promoted_in = failed_at.elapsed();
+    time_to_progress(|| scalar(&standby, MARKERS)).await;
+    let resumed = failed_at.elapsed();
+    nats.wait_drained(NAME, Duration::from_secs(300)).await;
+    eprintln!(
+        "chaos postgres failover: {N} messages in {:?}; the standby was promoted {promoted_in:?} \
+         after the primary died, and commits resumed on it {resumed:?} after the primary died",
+        started.elapsed()
+    );
+    host.stop().await;
+    let markers = scalar(&standby, MARKERS).await;
+    let reserved = scalar(&standby, "SELECT reserved FROM inventory").await;
+    assert_applied_once(markers, reserved, N, &nats).await;
+    nats.cleanup().await;
+}
+
 /// What happens to the private NATS server mid-run.
 enum NatsFault {
     /// SIGTERM, 2 s down, started again on the same JetStream file store.

@@ -34,6 +34,16 @@ impl Config {
                 "must start with postgres:// or postgresql://",
             );
         }
+        if let Err(e) = crate::pg::failover::Servers::parse(&self.postgres.url) {
+            // The error names the key and shows the URL redacted.
+            return bad("postgres.url".into(), &e.to_string());
+        }
+        if self.postgres.failover_check_interval.0 < Duration::from_millis(100) {
+            return bad(
+                "postgres.failover_check_interval".into(),
+                "must be at least 100ms",
+            );
+        }
         if self
             .postgres
             .schema

@@ -144,11 +144,12 @@ pub fn plugin_role(postgres: &PostgresConfig, consumer: &ConsumerConfig) -> Stri
 /// its password dropped (the role's own, if configured, instead).
 pub fn role_connect_options(
     postgres: &PostgresConfig,
+    failover: &super::Failover,
     role: &str,
     password: Option<&str>,
 ) -> anyhow::Result<PgConnectOptions> {
     connect_as(
-        &postgres.url,
+        failover.current_url(),
         postgres.schema.as_deref(),
         &postgres.application_name,
         role,
@@ -179,15 +180,16 @@ pub fn connect_as(
     Ok(options)
 }
 
-/// A pool of connections logged in as `role`, checked by one connection.
+/// A pool of connections logged in as `role`, checked by one connection; it follows `failover`.
 pub async fn role_pool(
     postgres: &PostgresConfig,
+    failover: &super::Failover,
     role: &str,
     password: Option<&str>,
     max_connections: u32,
 ) -> anyhow::Result<PgPool> {
-    let options = role_connect_options(postgres, role, password)?;
-    PgPoolOptions::new()
+    let options = role_connect_options(postgres, failover, role, password)?;
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(postgres.acquire_timeout.0)
         .connect_with(options)
@@ -198,7 +200,9 @@ pub async fn role_pool(
                  LOGIN and an entry in pg_hba.conf; set consumer.role_password if the server \
                  asks for one)"
             )
-        })
+        })?;
+    failover.follow(&pool);
+    Ok(pool)
 }
 
 /// Makes `role` ready to run `consumer`'s plugin and proves it cannot reach past its grants:

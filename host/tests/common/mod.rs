@@ -827,6 +827,16 @@ impl PrivatePostgres {
         format!("postgres://idemhost@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// `host:port` of this server, for a host list.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `pg_ctl promote`, waiting until the standby is a primary that accepts writes.
+    pub fn promote(&self) {
+        as_nobody("pg_ctl", &["-D", self.path("data"), "-w", "promote"]);
+    }
+
     /// `pg_ctl start`, waiting until it accepts connections.
     pub fn start_again(&self) {
         let options = format!(

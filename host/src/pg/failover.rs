@@ -1,0 +1,434 @@
+//! Several PostgreSQL servers behind one `postgres.url`, and following the primary among them.
+//!
+//! `postgres://user@h1:5432,h2:5432/db?target_session_attrs=read-write` names the servers in the
+//! order libpq tries them. sqlx connects to one host only and knows no `target_session_attrs`,
+//! so the host does what libpq would: at start it connects to the first server that accepts the
+//! session the attribute asks for, and while it runs a watcher asks that server every
+//! `postgres.failover_check_interval` whether it still does (one kept connection, one round
+//! trip). When it does not — the primary is gone, or a promoted standby took over and the old
+//! primary came back read-only — the watcher looks for the new one in the list's order and points
+//! every pool of the host (its own and the plugins' role pools) at it: connections opened from
+//! then on go there. Connections already open to a server that died fail and are discarded; a
+//! transaction that fails on one is rolled back or lost with its server, never acked, and its
+//! message is redelivered and decided by the marker on the new primary (docs/scaling.md says
+//! what the replication settings must be for an acked commit to be on that primary).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::{ConnectOptions, PgConnection};
+
+use super::redact_url;
+use crate::config::PostgresConfig;
+
+/// Which session a server must offer to be used (`target_session_attrs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionAttrs {
+    /// The first server that accepts a connection (libpq's default).
+    Any,
+    /// A server whose sessions can write: not a standby, `default_transaction_read_only` off.
+    ReadWrite,
+    /// A server that is not in recovery (a primary, even one set read-only by default).
+    Primary,
+}
+
+/// The servers of a `postgres.url`: one URL per host, in the order given.
+#[derive(Debug, Clone)]
+pub struct Servers {
+    urls: Vec<String>,
+    hosts: Vec<(String, u16)>,
+    attrs: SessionAttrs,
+}
+
+impl Servers {
+    /// Parses `url`: its host part may list `host:port` pairs separated by commas, and its query
+    /// may carry `target_session_attrs` (`any`, `read-write` or `primary`; the host writes, so
+    /// `read-only`, `standby` and `prefer-standby` are refused). Everything else is kept as is
+    /// for each host.
+    pub fn parse(url: &str) -> anyhow::Result<Servers> {
+        let shown = || redact_url(url);
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| anyhow::anyhow!("invalid postgres.url {}: no scheme", shown()))?;
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (userinfo, host_list) = match authority.rfind('@') {
+            Some(at) => (&authority[..=at], &authority[at + 1..]),
+            None => ("", authority),
+        };
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        let mut attrs = SessionAttrs::Any;
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if key != "target_session_attrs" {
+                kept.push(pair);
+                continue;
+            }
+            attrs = match value {
+                "any" => SessionAttrs::Any,
+                "read-write" => SessionAttrs::ReadWrite,
+                "primary" => SessionAttrs::Primary,
+                other => anyhow::bail!(
+                    "invalid postgres.url {}: target_session_attrs={other} is not supported \
+                     (the host writes: any, read-write or primary)",
+                    shown()
+                ),
+            };
+        }
+        let query = if kept.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", kept.join("&"))
+        };
+        let mut urls = Vec::new();
+        let mut hosts = Vec::new();
+        for host in host_list.split(',') {
+            if host.is_empty() {
+                anyhow::bail!(
+                    "invalid postgres.url {}: an empty host in its list",
+                    shown()
+                );
+            }
+            let one = format!("{scheme}://{userinfo}{host}{path}{query}");
+            let parsed = url::Url::parse(&one)
+                .map_err(|e| anyhow::anyhow!("invalid postgres.url {}: {e}", shown()))?;
+            let name = parsed.host_str().unwrap_or_default();
+            // `Url` keeps an IPv6 address in brackets; PostgreSQL wants it bare.
+            let name = name
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            hosts.push((name, parsed.port().unwrap_or(5432)));
+            urls.push(one);
+        }
+        Ok(Servers { urls, hosts, attrs })
+    }
+
+    /// The URL of server `i`: its one host, without `target_session_attrs`.
+    pub fn url(&self, i: usize) -> &str {
+        &self.urls[i]
+    }
+
+    pub fn len(&self) -> usize {
+        self.urls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.urls.is_empty()
+    }
+
+    pub fn attrs(&self) -> SessionAttrs {
+        self.attrs
+    }
+
+    /// Whether the host must keep asking which server to use: more than one to choose from, or
+    /// one that must keep offering a kind of session.
+    pub fn watched(&self) -> bool {
+        self.len() > 1 || self.attrs != SessionAttrs::Any
+    }
+
+    /// `options` pointed at server `i` (everything else — user, database, settings — kept).
+    pub fn retarget(&self, options: PgConnectOptions, i: usize) -> PgConnectOptions {
+        let (host, port) = &self.hosts[i];
+        options.host(host).port(*port)
+    }
+}
+
+/// Whether a session on `conn` is one `attrs` asks for.
+async fn offers(conn: &mut PgConnection, attrs: SessionAttrs) -> Result<bool, sqlx::Error> {
+    let (in_recovery, read_only): (bool, String) = sqlx::query_as(
+        "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only')",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(match attrs {
+        SessionAttrs::Any => true,
+        SessionAttrs::ReadWrite => !in_recovery && read_only == "off",
+        SessionAttrs::Primary => !in_recovery,
+    })
+}
+
+/// The pools that follow the primary, and which server that is.
+pub struct Failover {
+    servers: Servers,
+    /// The session options of the host's own login (for the watcher's connection).
+    options: PgConnectOptions,
+    current: AtomicUsize,
+    pools: Mutex<Vec<PgPool>>,
+    switches: AtomicU64,
+    /// How long one server may take to answer (connect and query) before it counts as down.
+    probe_timeout: Duration,
+}
+
+impl Failover {
+    /// Finds the first server of `config.url` that offers the session it asks for, trying each
+    /// in order.
+    pub async fn find(config: &PostgresConfig) -> anyhow::Result<Arc<Failover>> {
+        let servers = Servers::parse(&config.url)?;
+        let options = super::connect_options(
+            servers.url(0),
+            config.schema.as_deref(),
+            &config.application_name,
+        )
+        .map_err(|e| anyhow::anyhow!("invalid postgres.url {}: {e}", redact_url(&config.url)))?;
+        let this = Failover {
+            probe_timeout: config
+                .acquire_timeout
+                .0
+                .clamp(Duration::from_millis(500), Duration::from_secs(10)),
+            servers,
+            options,
+            current: AtomicUsize::new(0),
+            pools: Mutex::new(Vec::new()),
+            switches: AtomicU64::new(0),
+        };
+        if this.servers.watched() {
+            let mut refusals = Vec::new();
+            let found = this.search(&mut refusals).await;
+            match found {
+                Some((i, _)) => this.current.store(i, Ordering::Relaxed),
+                None => anyhow::bail!(
+                    "no server of postgres.url {} offers a {:?} session: {}",
+                    redact_url(&config.url),
+                    this.servers.attrs,
+                    refusals.join("; ")
+                ),
+            }
+        }
+        Ok(Arc::new(this))
+    }
+
+    /// The servers, as parsed from `postgres.url`.
+    pub fn servers(&self) -> &Servers {
+        &self.servers
+    }
+
+    /// The URL of the server in use now (one host).
+    pub fn current_url(&self) -> &str {
+        self.servers.url(self.current.load(Ordering::Relaxed))
+    }
+
+    /// The host's own login, pointed at the server in use now.
+    pub fn options(&self) -> PgConnectOptions {
+        self.servers
+            .retarget(self.options.clone(), self.current.load(Ordering::Relaxed))
+    }
+
+    /// How many times the watcher moved the pools to another server.
+    pub fn switches(&self) -> u64 {
+        self.switches.load(Ordering::Relaxed)
+    }
+
+    /// Makes `pool` follow the primary: when the watcher moves, its new connections go to the
+    /// new server.
+    pub fn follow(&self, pool: &PgPool) {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.retain(|p| !p.is_closed());
+        // Under the lock a move cannot happen in between: the pool starts where the others are.
+        let options = (*pool.connect_options()).clone();
+        let current = self.current.load(Ordering::Relaxed);
+        pool.set_connect_options(self.servers.retarget(options, current));
+        pools.push(pool.clone());
+    }
+
+    /// A connection to server `i` that offers the session asked for, or why not.
+    async fn probe(&self, i: usize) -> Result<PgConnection, String> {
+        let options = self.servers.retarget(self.options.clone(), i);
+        let attempt = async {
+            let mut conn = options.connect().await.map_err(|e| e.to_string())?;
+            match offers(&mut conn, self.servers.attrs).await {
+                Ok(true) => Ok(conn),
+                Ok(false) => Err(format!("not a {:?} session", self.servers.attrs)),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        tokio::time::timeout(self.probe_timeout, attempt)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.probe_timeout)))
+    }
+
+    /// The first server, in the list's order, that offers the session asked for, with a
+    /// connection to it; `refusals` gets why each one before it did not.
+    async fn search(&self, refusals: &mut Vec<String>) -> Option<(usize, PgConnection)> {
+        for i in 0..self.servers.len() {
+            match self.probe(i).await {
+                Ok(conn) => return Some((i, conn)),
+                Err(why) => refusals.push(format!("{}: {why}", redact_url(self.servers.url(i)))),
+            }
+        }
+        None
+    }
+
+    /// Points every followed pool at server `i`.
+    fn switch_to(&self, i: usize) {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let from = self.current.swap(i, Ordering::Relaxed);
+        self.switches.fetch_add(1, Ordering::Relaxed);
+        pools.retain(|p| !p.is_closed());
+        for pool in pools.iter() {
+            let options = (*pool.connect_options()).clone();
+            pool.set_connect_options(self.servers.retarget(options, i));
+        }
+        tracing::warn!(
+            from = %redact_url(self.servers.url(from)),
+            to = %redact_url(self.servers.url(i)),
+            pools = pools.len(),
+            "PostgreSQL: moved to another server (the one in use no longer offers a {:?} session)",
+            self.servers.attrs
+        );
+    }
+
+    /// Watches the server in use every `every`, and moves the pools when it no longer offers
+    /// the session asked for, until the returned [`Watcher`] is dropped. Nothing to watch (one
+    /// server, any session): `None`.
+    pub fn spawn_watch(self: &Arc<Self>, every: Duration) -> Option<Watcher> {
+        if !self.servers.watched() {
+            return None;
+        }
+        let this = self.clone();
+        Some(Watcher(tokio::spawn(async move {
+            let mut conn: Option<PgConnection> = None;
+            let mut reported = false;
+            loop {
+                tokio::time::sleep(every).await;
+                let current = this.current.load(Ordering::Relaxed);
+                let healthy = match conn.as_mut() {
+                    Some(c) => matches!(
+                        tokio::time::timeout(this.probe_timeout, offers(c, this.servers.attrs))
+                            .await,
+                        Ok(Ok(true))
+                    ),
+                    None => false,
+                };
+                if healthy {
+                    continue;
+                }
+                conn = None;
+                let mut refusals = Vec::new();
+                match this.search(&mut refusals).await {
+                    Some((i, c)) => {
+                        if i != current {
+                            this.switch_to(i);
+                        }
+                        conn = Some(c);
+                        reported = false;
+                    }
+                    None if !reported => {
+                        tracing::error!(
+                            refusals = %refusals.join("; "),
+                            "PostgreSQL: no server offers a {:?} session; deliveries fail and are \
+                             redelivered until one does",
+                            this.servers.attrs
+                        );
+                        reported = true;
+                    }
+                    None => {}
+                }
+            }
+        })))
+    }
+}
+
+/// The watcher's task: stops when dropped.
+pub struct Watcher(tokio::task::JoinHandle<()>);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_list_becomes_one_url_per_host_in_order() {
+        let s = Servers::parse(
+            "postgres://app:secret@db1:5433,db2,[::1]:6000/orders?sslmode=disable&target_session_attrs=read-write&application_name=x",
+        )
+        .unwrap();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.attrs(), SessionAttrs::ReadWrite);
+        assert_eq!(
+            s.url(0),
+            "postgres://app:secret@db1:5433/orders?sslmode=disable&application_name=x"
+        );
+        assert_eq!(
+            s.url(1),
+            "postgres://app:secret@db2/orders?sslmode=disable&application_name=x"
+        );
+        assert_eq!(s.hosts[1], ("db2".to_string(), 5432));
+        assert_eq!(s.hosts[2], ("::1".to_string(), 6000));
+        assert!(s.watched());
+    }
+
+    #[test]
+    fn one_host_without_attributes_is_not_watched() {
+        let s = Servers::parse("postgres://root@127.0.0.1:5432/test").unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.url(0), "postgres://root@127.0.0.1:5432/test");
+        assert!(!s.watched());
+        let s = Servers::parse("postgres://root@h/test?target_session_attrs=primary").unwrap();
+        assert_eq!(s.url(0), "postgres://root@h/test");
+        assert!(s.watched());
+    }
+
+    #[test]
+    fn attributes_the_host_cannot_use_and_empty_hosts_are_refused() {
+        for bad in [
+            "postgres://u@a,b/db?target_session_attrs=standby",
+            "postgres://u@a,b/db?target_session_attrs=read-only",
+            "postgres://u@a,,b/db",
+            "postgres://u@a:notaport,b/db",
+            "no-scheme",
+        ] {
+            assert!(Servers::parse(bad).is_err(), "{bad}");
+        }
+        let err = Servers::parse("postgres://u:pw@a,b/db?target_session_attrs=standby")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("pw"), "password shown: {err}");
+    }
+
+    #[test]
+    fn a_host_list_is_redacted_too() {
+        assert_eq!(
+            redact_url("postgres://app:secret@db1:5433,db2:5432/orders?target_session_attrs=any"),
+            "postgres://app:***@db1:5433,db2:5432/orders?target_session_attrs=any"
+        );
+        assert_eq!(
+            redact_url("postgres://app@db1,db2/orders"),
+            "postgres://app@db1,db2/orders"
+        );
+    }
+
+    fn config(url: &str) -> PostgresConfig {
+        toml::from_str(&format!("url = \"{url}\"")).unwrap()
+    }
+
+    /// Against the machine's PostgreSQL (the suite's): a server that does not answer is passed
+    /// over, and none answering is an error that names each.
+    #[tokio::test]
+    async fn the_first_server_that_answers_as_asked_is_used() {
+        let url = "postgres://root@127.0.0.1:1,127.0.0.1:5432/test?target_session_attrs=read-write";
+        let failover = Failover::find(&config(url)).await.unwrap();
+        assert_eq!(
+            failover.current_url(),
+            "postgres://root@127.0.0.1:5432/test"
+        );
+        let url = "postgres://root@127.0.0.1:1,127.0.0.1:2/test?target_session_attrs=primary";
+        let err = Failover::find(&config(url))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("127.0.0.1:1/test:") && err.contains("127.0.0.1:2/test:"),
+            "{err}"
+        );
+    }
+}
