@@ -170,7 +170,9 @@ impl ClaimSettings {
     }
 }
 
-/// Runs deliveries of one consumer through claim, handler and commit.
+/// Runs deliveries of one consumer through claim, handler and commit. Clones (a consumer's
+/// partitions) share its connections.
+#[derive(Clone)]
 pub struct Claimer {
     /// Connections deliveries run on: logged in as the plugin's role (see [`pg::wall`]), or
     /// the host's own for an embedded native handler.

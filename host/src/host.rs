@@ -251,11 +251,19 @@ impl Host {
                 .slot(&c.name)
                 .cloned()
                 .context("consumer missing from the plugin registry")?;
-            let bound = source::bind(&js, c, claimer, slot, &metrics).await?;
-            info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
-            runtimes.push(Arc::new(
-                bound.log_payload_digest(config.host.log_payload_digest),
-            ));
+            // With partitions, one durable (and pull loop) each, all on the consumer's claimer.
+            let partitions: Vec<Option<u32>> = match c.partitions {
+                0 => vec![None],
+                n => (0..n).map(Some).collect(),
+            };
+            for p in partitions {
+                let bound =
+                    source::bind(&js, c, p, claimer.clone(), slot.clone(), &metrics).await?;
+                info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), partition = ?p, isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
+                runtimes.push(Arc::new(
+                    bound.log_payload_digest(config.host.log_payload_digest),
+                ));
+            }
         }
 
         let (stop_tx, stop_rx) = watch::channel(false);

@@ -21,6 +21,7 @@ use crate::registry::Slot;
 mod exhausted;
 mod headers;
 pub mod ordering;
+pub mod partition;
 #[cfg(test)]
 mod props;
 mod settle;
@@ -69,23 +70,32 @@ pub struct ConsumerRuntime {
     waiting: Arc<Semaphore>,
     /// The watcher's consumer on this consumer's advisory stream (see [`exhausted`]).
     exhausted: Option<Consumer<pull::Config>>,
+    /// With `partitions`: this runtime's partition durable and this replica's pin on it.
+    partition: Option<(String, partition::Pin)>,
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
-/// consumer. Errors name the consumer and what is missing.
+/// consumer — of `partition`, with `partitions` (see [`partition`]). Errors name the consumer
+/// and what is missing.
 pub async fn bind(
     js: &jetstream::Context,
     config: &ConsumerConfig,
+    partition: Option<u32>,
     claimer: Claimer,
     plugin: Arc<Slot>,
     metrics: &Metrics,
 ) -> anyhow::Result<ConsumerRuntime> {
     let name = &config.name;
+    if partition.is_some() {
+        partition::check_server(&js.client(), name)?;
+    }
     let stream = if config.create_stream {
         let mut stream = js
             .get_or_create_stream(stream::Config {
                 name: config.stream.clone(),
                 subjects: config.subjects.clone(),
+                subject_transform: (config.partitions > 0)
+                    .then(|| partition::transform(&config.subjects[0], config.partitions)),
                 ..Default::default()
             })
             .await
@@ -160,7 +170,10 @@ pub async fn bind(
             );
         }
     }
-    let durable = config.durable_name();
+    let durable = match partition {
+        Some(p) => partition::durable(config, p),
+        None => config.durable_name(),
+    };
     // The host enforces max_deliver itself (dead-lettering on the last attempt). The server
     // stops one delivery later, for messages the host never got to settle, and its advisory
     // makes the watcher dead-letter them (see `exhausted`). Without the watcher's stream the
@@ -192,6 +205,9 @@ pub async fn bind(
         [one] => pull_config.filter_subject = one.clone(),
         many => pull_config.filter_subjects = many.to_vec(),
     }
+    if let Some(p) = partition {
+        partition::configure(&mut pull_config, config, p, PULL_EXPIRES);
+    }
     let mut consumer = stream
         .get_or_create_consumer(&durable, pull_config.clone())
         .await
@@ -205,6 +221,8 @@ pub async fn bind(
     if bound.max_deliver != max_deliver
         || bound.ack_wait != pull_config.ack_wait
         || bound.max_ack_pending < pull_config.max_ack_pending
+        || bound.priority_timeout != pull_config.priority_timeout
+        || (partition.is_some() && bound.max_ack_pending != pull_config.max_ack_pending)
     {
         // A durable made by an older version or another config: bring the settings the host
         // relies on up to date (both may be edited on a live consumer).
@@ -250,6 +268,7 @@ pub async fn bind(
         keyed: KeyedQueues::default(),
         waiting: Arc::new(Semaphore::new(max_waiting(config))),
         exhausted,
+        partition: partition.map(|p| (durable.clone(), partition::Pin::new(config, p))),
     })
 }
 
@@ -300,13 +319,7 @@ impl ConsumerRuntime {
                 held.push(c);
             }
             while tasks.try_join_next().is_some() {}
-            let batch = self
-                .consumer
-                .batch()
-                .max_messages(held.len())
-                .expires(PULL_EXPIRES)
-                .messages()
-                .await;
+            let batch = self.pull(held.len()).await;
             let mut batch = match batch {
                 Ok(b) => b,
                 Err(e) => {
@@ -397,6 +410,30 @@ impl ConsumerRuntime {
         if let Some(progress) = waiting_progress {
             progress.abort();
             let _ = progress.await;
+        }
+    }
+
+    /// One pull request for up to `n` messages: async-nats's, or with `partitions` the host's
+    /// own (async-nats does not send a pinned client's one-shot pulls).
+    async fn pull(
+        &self,
+        n: usize,
+    ) -> anyhow::Result<futures::stream::BoxStream<'static, anyhow::Result<jetstream::Message>>>
+    {
+        match &self.partition {
+            Some((durable, pin)) => {
+                partition::pull(&self.js, &self.config.stream, durable, pin, n, PULL_EXPIRES).await
+            }
+            None => {
+                let batch = self
+                    .consumer
+                    .batch()
+                    .max_messages(n)
+                    .expires(PULL_EXPIRES)
+                    .messages()
+                    .await?;
+                Ok(batch.map(|m| m.map_err(|e| anyhow::anyhow!(e))).boxed())
+            }
         }
     }
 

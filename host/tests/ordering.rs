@@ -6,25 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
 use common::*;
 
 const NAME: &str = "ordered-v1";
 const KEYS: usize = 200;
 const VERSIONS: i64 = 50;
-
-fn script(key: &str, version: i64, fail_first: bool) -> String {
-    let fail = if fail_first {
-        r#"{"fail_before_attempt":2},"#
-    } else {
-        ""
-    };
-    format!(
-        r#"{{"steps":[{fail}{{"execute":"INSERT INTO key_versions (key, version) VALUES ($1, $2)","params":["{key}",{version}]}}]}}"#
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_key_applies_its_versions_once_and_in_order() {
@@ -40,49 +26,9 @@ async fn each_key_applies_its_versions_once_and_in_order() {
     );
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
 
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut next = vec![1i64; KEYS];
-    let mut live: Vec<usize> = (0..KEYS).collect();
-    let (mut published, mut duplicates, mut failing) = (0, 0, 0);
-    let mut messages = Vec::new();
-    while !live.is_empty() {
-        let pick = rng.random_range(0..live.len());
-        let k = live[pick];
-        let key = format!("k-{k}");
-        let version = next[k];
-        next[k] += 1;
-        if next[k] > VERSIONS {
-            live.swap_remove(pick);
-        }
-        let fail_first = rng.random_bool(0.05);
-        failing += usize::from(fail_first);
-        let id = format!("{key}-v{version}");
-        let mut sends = vec![(id.clone(), None, fail_first)];
-        if rng.random_bool(0.2) {
-            // A second delivery of this key's message (this one or an earlier), after it.
-            let earlier = rng.random_range(1..=version);
-            sends.push((
-                format!("{key}-v{earlier}"),
-                Some(format!("dup-{published}")),
-                false,
-            ));
-            duplicates += 1;
-        }
-        for (msg_id, broker_id, fail) in sends {
-            let v: i64 = msg_id.rsplit("-v").next().unwrap().parse().unwrap();
-            let mut h = async_nats::HeaderMap::new();
-            h.insert("Idemhost-Ordering-Key", key.as_str());
-            match broker_id {
-                Some(b) => {
-                    h.insert("Nats-Msg-Id", b.as_str());
-                    h.insert("Idemhost-Message-Id", msg_id.as_str());
-                }
-                None => h.insert("Nats-Msg-Id", msg_id.as_str()),
-            }
-            messages.push((h, script(&key, v, fail)));
-            published += 1;
-        }
-    }
+    let (messages, duplicates, failing) = versioned_events(KEYS, VERSIONS, 7, true);
+    let published = messages.len();
+    let messages = messages.into_iter().map(|(_, h, script)| (h, script));
     nats.publish_many(messages).await;
     let total = KEYS as i64 * VERSIONS;
     wait_until(
@@ -102,19 +48,7 @@ async fn each_key_applies_its_versions_once_and_in_order() {
         total,
         "exactly once"
     );
-    let out_of_order: Vec<(String, Vec<i32>)> = sqlx::query_as(
-        "SELECT key, array_agg(version ORDER BY id) FROM key_versions GROUP BY key \
-         HAVING array_agg(version ORDER BY id) <> (SELECT array_agg(g) FROM generate_series(1, $1) g)",
-    )
-    .bind(VERSIONS as i32)
-    .fetch_all(&env.pool)
-    .await
-    .unwrap();
-    assert!(
-        out_of_order.is_empty(),
-        "keys applied out of order: {:?}",
-        &out_of_order[..out_of_order.len().min(3)]
-    );
+    assert_keys_in_order(&env, VERSIONS).await;
     assert!(
         nats.dead_letters().await.is_empty(),
         "nothing dead-lettered"
@@ -164,10 +98,14 @@ async fn a_hot_key_waits_past_ack_wait_without_redeliveries_or_stalling_others()
         r#"{"steps":[{"fail_before_attempt":5},{"execute":"INSERT INTO key_versions (key, version) VALUES ('hot', 1)"}]}"#.to_string(),
     );
     for v in 2..=QUEUED + 1 {
-        push("hot", v, script("hot", v, false));
+        push("hot", v, version_script("hot", v, false));
     }
     for k in 0..OTHERS {
-        push(&format!("k-{k}"), 1, script(&format!("k-{k}"), 1, false));
+        push(
+            &format!("k-{k}"),
+            1,
+            version_script(&format!("k-{k}"), 1, false),
+        );
     }
     let published = messages.len() as u64;
     nats.publish_many(messages).await;

@@ -21,6 +21,14 @@ pub struct ConsumerConfig {
     /// `create_stream`, also the stream's subjects.
     #[serde(default)]
     pub subjects: Vec<String>,
+    /// Per-key order across replicas (NATS 2.11 or newer): the stream's messages carry a
+    /// partition number, `0..partitions`, as the last token of their subject (a subject
+    /// transform `{{partition(N, …)}}` puts it there; `create_stream` sets one up). The host
+    /// binds one durable per partition, `<durable>-p<n>` filtered on `<subject>.<n>`, each in a
+    /// `pinned_client` priority group: one replica at a time consumes a partition, and another
+    /// takes it over when that replica stops pulling. 0: off.
+    #[serde(default)]
+    pub partitions: u32,
     /// The handler component (`.wasm`). May be omitted only when an embedding program
     /// registers a native handler under this consumer's name.
     #[serde(default)]
@@ -169,6 +177,17 @@ pub fn is_plain_identifier(name: &str) -> bool {
 pub const MAX_MESSAGE_ID_BYTES: usize = 256;
 
 impl ConsumerConfig {
+    /// Every durable consumer this consumer pulls from: its one, or with `partitions` one per
+    /// partition, `<durable>-p<n>`.
+    pub fn durables(&self) -> Vec<String> {
+        match self.partitions {
+            0 => vec![self.durable_name()],
+            n => (0..n)
+                .map(|p| format!("{}-p{p}", self.durable_name()))
+                .collect(),
+        }
+    }
+
     pub fn durable_name(&self) -> String {
         self.durable.clone().unwrap_or_else(|| {
             self.name

@@ -210,6 +210,22 @@ impl Config {
             if c.subjects.iter().any(|s| s.is_empty() || s.contains(' ')) {
                 return bad(key("subjects"), "must be NATS subjects");
             }
+            if c.partitions > 0 {
+                if c.partitions > 1024 {
+                    return bad(key("partitions"), "must be at most 1024");
+                }
+                let wildcards = c
+                    .subjects
+                    .first()
+                    .map_or(0, |s| s.split('.').filter(|t| *t == "*").count());
+                if c.subjects.len() != 1 || wildcards == 0 || c.subjects[0].contains('>') {
+                    return bad(
+                        key("subjects"),
+                        "must be one subject with `*` wildcards (the partition key) and no `>` \
+                         when `partitions` is set",
+                    );
+                }
+            }
             if c.role
                 .as_deref()
                 .is_some_and(|r| !super::is_plain_identifier(r))

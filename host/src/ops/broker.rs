@@ -20,8 +20,9 @@ pub struct ConsumerState {
     pub oldest_unacked: Option<Duration>,
 }
 
-/// One consumer-info request, and when anything is unacknowledged, one message lookup per
-/// filter subject: the first message after the ack floor.
+/// One consumer-info request per durable (one, or one per partition), and when anything is
+/// unacknowledged, one message lookup per filter subject: the first message after the lowest
+/// ack floor.
 pub async fn consumer_state(
     js: &jetstream::Context,
     config: &ConsumerConfig,
@@ -30,19 +31,25 @@ pub async fn consumer_state(
         .get_stream_no_info(&config.stream)
         .await
         .with_context(|| format!("stream {}", config.stream))?;
-    let durable = config.durable_name();
-    let consumer: jetstream::consumer::Consumer<pull::Config> = stream
-        .get_consumer(&durable)
-        .await
-        .map_err(|e| anyhow::anyhow!("consumer {durable} on {}: {e}", config.stream))?;
-    let info = consumer.cached_info();
     let mut state = ConsumerState {
-        pending: info.num_pending,
-        ack_pending: info.num_ack_pending as u64,
+        pending: 0,
+        ack_pending: 0,
         oldest_unacked: None,
     };
-    if state.pending + state.ack_pending > 0 {
-        let after = info.ack_floor.stream_sequence + 1;
+    let mut after = u64::MAX;
+    for durable in config.durables() {
+        let consumer: jetstream::consumer::Consumer<pull::Config> = stream
+            .get_consumer(&durable)
+            .await
+            .map_err(|e| anyhow::anyhow!("consumer {durable} on {}: {e}", config.stream))?;
+        let info = consumer.cached_info();
+        state.pending += info.num_pending;
+        state.ack_pending += info.num_ack_pending as u64;
+        if info.num_pending + info.num_ack_pending as u64 > 0 {
+            after = after.min(info.ack_floor.stream_sequence + 1);
+        }
+    }
+    if after != u64::MAX {
         state.oldest_unacked = oldest_from(&stream, &config.subjects, after).await?;
     }
     Ok(state)

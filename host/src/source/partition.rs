@@ -1,0 +1,250 @@
+//! Partitions (`partitions = N`): per-key order across replicas on NATS's own primitives.
+//!
+//! The stream's messages carry their partition, `0..N`, as the last token of their subject (a
+//! subject transform with `{{partition(N, …)}}` over the key's tokens puts it there). Each
+//! partition has its durable, and each durable a `pinned_client` priority group: the server
+//! delivers a partition's messages to one pull client at a time — the pinned one — and keeps the
+//! others on standby until the pinned one stops pulling for the durable's `priority_timeout`.
+//! Every replica pulls every partition; each partition is served by one of them.
+//!
+//! Order of a key: each partition's durable has `max_ack_pending = 1`, so the server hands out
+//! a partition's next message only once the one before is acked — or, when its holder died,
+//! redelivers that one first. That holds across a move of the pin too: the server moves a pin
+//! as soon as its holder is gone, but nothing newer can reach the new holder while the old
+//! holder's message is still unacked. A stalled old holder that wakes up and commits late
+//! cannot run ahead of the new one either: the marker's row lock makes the later claim of the
+//! same message wait, then see a duplicate. Concurrency is one delivery per partition: choose
+//! `partitions` for the parallelism wanted (every replica binds all of them).
+//!
+//! async-nats 0.52 refuses one-shot pulls (`batch()`) on a pinned consumer, so the host sends
+//! the pull requests itself: `$JS.API.CONSUMER.MSG.NEXT` with the group and the pin id it was
+//! given, which the server then recognizes as the same client.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PriorityPolicy, consumer::pull};
+use async_nats::{HeaderMap, StatusCode};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use crate::config::ConsumerConfig;
+
+/// The priority group every replica pulls in.
+pub const GROUP: &str = "idemhost";
+
+/// The server version partitions need (priority groups with `pinned_client`).
+const NEEDS: (u64, u64) = (2, 11);
+
+/// Whether the server behind `client` has priority groups; `Err` says what to do otherwise.
+pub fn check_server(client: &async_nats::Client, consumer: &str) -> anyhow::Result<()> {
+    let version = client.server_info().version;
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found < NEEDS {
+        anyhow::bail!(
+            "consumer {consumer}: `partitions` needs a NATS server 2.11 or newer (priority groups \
+             with pinned_client); this one is {version}. Without it, per-key order holds within \
+             one replica only (`ordering`)"
+        );
+    }
+    Ok(())
+}
+
+/// How long a partition's pin outlives its holder's last pull: past a pull request's expiry,
+/// so a live holder between two requests keeps it.
+pub fn pin_timeout(pull_expires: Duration) -> Duration {
+    pull_expires + Duration::from_secs(5)
+}
+
+/// The durable of partition `p`.
+pub fn durable(config: &ConsumerConfig, p: u32) -> String {
+    config.durables().swap_remove(p as usize)
+}
+
+/// Makes `pull_config` the durable of partition `p`: its filter, its pinned priority group.
+pub fn configure(
+    pull_config: &mut pull::Config,
+    config: &ConsumerConfig,
+    p: u32,
+    pull_expires: Duration,
+) {
+    pull_config.filter_subject = format!("{}.{p}", config.subjects[0]);
+    pull_config.filter_subjects = Vec::new();
+    pull_config.priority_groups = vec![GROUP.to_string()];
+    pull_config.priority_policy = PriorityPolicy::PinnedClient;
+    pull_config.priority_timeout = pin_timeout(pull_expires);
+    pull_config.max_ack_pending = 1;
+}
+
+/// The stream's subject transform that appends the partition to `subject`: each `*` kept, and
+/// `{{partition(N, …)}}` over all of them.
+pub fn transform(subject: &str, partitions: u32) -> jetstream::stream::SubjectTransform {
+    let mut wildcard = 0;
+    let kept: Vec<String> = subject
+        .split('.')
+        .map(|t| {
+            if t == "*" {
+                wildcard += 1;
+                format!("{{{{wildcard({wildcard})}}}}")
+            } else {
+                t.to_string()
+            }
+        })
+        .collect();
+    let all: Vec<String> = (1..=wildcard).map(|i| i.to_string()).collect();
+    jetstream::stream::SubjectTransform {
+        source: subject.to_string(),
+        destination: format!(
+            "{}.{{{{partition({partitions},{})}}}}",
+            kept.join("."),
+            all.join(",")
+        ),
+    }
+}
+
+/// This replica's pin on one partition: the id the server gave it, sent with each pull.
+#[derive(Clone)]
+pub struct Pin {
+    partition: u32,
+    consumer: String,
+    id: Arc<Mutex<Option<String>>>,
+}
+
+impl Pin {
+    pub fn new(config: &ConsumerConfig, partition: u32) -> Pin {
+        Pin {
+            partition,
+            consumer: config.name.clone(),
+            id: Arc::default(),
+        }
+    }
+
+    fn id(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.id.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn current(&self) -> Option<String> {
+        self.id().clone()
+    }
+
+    /// A delivered message's headers: the server's `Nats-Pin-Id` (the last one — a producer
+    /// may have put its own before it) pins this replica. Taken only while this replica has
+    /// no pin: a producer's header on a later message cannot replace the server's. True when
+    /// the pin is new.
+    fn saw(&self, headers: Option<&HeaderMap>) -> bool {
+        let Some(id) = headers.and_then(|h| h.get_last(async_nats::header::NATS_PIN_ID)) else {
+            return false;
+        };
+        let mut current = self.id();
+        if current.is_some() {
+            return false;
+        }
+        tracing::info!(consumer = %self.consumer, partition = self.partition, pin = %id,
+            "partition pinned to this replica");
+        *current = Some(id.as_str().to_string());
+        true
+    }
+
+    /// The server no longer knows this pin (423): another replica has the partition now.
+    fn lost(&self) {
+        if let Some(id) = self.id().take() {
+            tracing::info!(consumer = %self.consumer, partition = self.partition, pin = %id,
+                "partition unpinned from this replica");
+        }
+    }
+}
+
+/// One pull request for up to `batch` messages of partition `pin` in [`GROUP`]: the messages
+/// the server sends for it, ending when it has sent `batch`, ends the request (timeout, no
+/// messages, pin mismatch) or `expires` (and a margin) passed.
+pub async fn pull(
+    js: &jetstream::Context,
+    stream: &str,
+    durable: &str,
+    pin: &Pin,
+    batch: usize,
+    expires: Duration,
+) -> anyhow::Result<BoxStream<'static, anyhow::Result<jetstream::Message>>> {
+    let client = js.client();
+    let inbox = client.new_inbox();
+    let sub = client.subscribe(inbox.clone()).await?;
+    let mut request = serde_json::json!({
+        "batch": batch,
+        "expires": expires.as_nanos() as u64,
+        "group": GROUP,
+    });
+    if let Some(id) = pin.current() {
+        request["id"] = id.into();
+    }
+    client
+        .publish_with_reply(
+            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"),
+            inbox,
+            request.to_string().into(),
+        )
+        .await?;
+    let deadline = tokio::time::Instant::now() + expires + Duration::from_secs(2);
+    let (pin, context) = (pin.clone(), js.clone());
+    let messages = futures::stream::unfold((sub, batch), move |(mut sub, left)| {
+        let (pin, context) = (pin.clone(), context.clone());
+        async move {
+            if left == 0 {
+                return None;
+            }
+            loop {
+                let message = tokio::time::timeout_at(deadline, sub.next()).await.ok()??;
+                match message.status.unwrap_or(StatusCode::OK) {
+                    StatusCode::OK => {}
+                    StatusCode::IDLE_HEARTBEAT => continue,
+                    StatusCode::PIN_ID_MISMATCH => {
+                        pin.lost();
+                        return None;
+                    }
+                    // 404 / 408 / 409: the request is over.
+                    _ => return None,
+                }
+                pin.saw(message.headers.as_ref());
+                let message = jetstream::Message { message, context };
+                return Some((Ok(message), (sub, left - 1)));
+            }
+        }
+    });
+    Ok(messages.boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transform_keeps_every_token_and_partitions_on_all_wildcards() {
+        let t = transform("orders.*.placed.*", 8);
+        assert_eq!(t.source, "orders.*.placed.*");
+        assert_eq!(
+            t.destination,
+            "orders.{{wildcard(1)}}.placed.{{wildcard(2)}}.{{partition(8,1,2)}}"
+        );
+    }
+
+    #[test]
+    fn a_producers_pin_header_cannot_replace_the_servers() {
+        let config: ConsumerConfig =
+            toml::from_str("name = \"c\"\nstream = \"S\"\nack_wait = \"2s\"").unwrap();
+        let pin = Pin::new(&config, 0);
+        let mut h = HeaderMap::new();
+        h.append("Nats-Pin-Id", "forged");
+        h.append("Nats-Pin-Id", "server");
+        assert!(pin.saw(Some(&h)), "a new pin");
+        assert_eq!(pin.current().as_deref(), Some("server"));
+        let mut later = HeaderMap::new();
+        later.append("Nats-Pin-Id", "forged-later");
+        assert!(!pin.saw(Some(&later)));
+        assert_eq!(pin.current().as_deref(), Some("server"));
+        pin.lost();
+        assert_eq!(pin.current(), None);
+    }
+}
