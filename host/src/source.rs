@@ -24,6 +24,7 @@ pub mod ordering;
 pub mod partition;
 #[cfg(test)]
 mod props;
+mod pulling;
 mod settle;
 pub use headers::header;
 pub use headers::message_id;
@@ -55,7 +56,6 @@ pub struct ConsumerRuntime {
     pub config: ConsumerConfig,
     js: jetstream::Context,
     client: async_nats::Client,
-    consumer: Consumer<pull::Config>,
     claimer: Claimer,
     /// The consumer's plugin slot: each delivery runs on the version current when it starts.
     plugin: Arc<Slot>,
@@ -70,6 +70,8 @@ pub struct ConsumerRuntime {
     waiting: Arc<Semaphore>,
     /// The watcher's consumer on this consumer's advisory stream (see [`exhausted`]).
     exhausted: Option<Consumer<pull::Config>>,
+    /// The durable consumer's name.
+    durable: String,
     /// With `partitions`: this runtime's partition durable and this replica's pin on it.
     partition: Option<(String, partition::Pin)>,
 }
@@ -247,7 +249,6 @@ pub async fn bind(
         config: config.clone(),
         js: js.clone(),
         client: js.client(),
-        consumer,
         claimer,
         plugin,
         metrics: metrics.for_consumer(
@@ -269,6 +270,7 @@ pub async fn bind(
         waiting: Arc::new(Semaphore::new(max_waiting(config))),
         exhausted,
         partition: partition.map(|p| (durable.clone(), partition::Pin::new(config, p))),
+        durable,
     })
 }
 
@@ -413,28 +415,17 @@ impl ConsumerRuntime {
         }
     }
 
-    /// One pull request for up to `n` messages: async-nats's, or with `partitions` the host's
-    /// own (async-nats does not send a pinned client's one-shot pulls).
+    /// One pull request for up to `n` messages (see [`pulling`]).
     async fn pull(
         &self,
         n: usize,
     ) -> anyhow::Result<futures::stream::BoxStream<'static, anyhow::Result<jetstream::Message>>>
     {
-        match &self.partition {
-            Some((durable, pin)) => {
-                partition::pull(&self.js, &self.config.stream, durable, pin, n, PULL_EXPIRES).await
-            }
-            None => {
-                let batch = self
-                    .consumer
-                    .batch()
-                    .max_messages(n)
-                    .expires(PULL_EXPIRES)
-                    .messages()
-                    .await?;
-                Ok(batch.map(|m| m.map_err(|e| anyhow::anyhow!(e))).boxed())
-            }
-        }
+        let (durable, pin) = match &self.partition {
+            Some((durable, pin)) => (durable.as_str(), Some(pin)),
+            None => (self.durable.as_str(), None),
+        };
+        pulling::pull(&self.js, &self.config.stream, durable, pin, n, PULL_EXPIRES).await
     }
 
     /// Tells the broker, every third of `ack_wait`, that each message waiting behind a running

@@ -150,6 +150,57 @@ async fn a_carriage_return_in_a_header_value_is_read_not_fatal() {
     env.cleanup().await;
 }
 
+/// A producer that writes its own status line into a message's header block (`NATS/1.0 404 No
+/// Messages`, `408`, `409`, `423`, `100 Idle Heartbeat`: what the server uses to end or
+/// annotate a pull request) must not be able to end the host's pull requests each time the
+/// message comes, stalling the consumer: they are messages like the others, and every one is
+/// applied once, the good ones around them too.
+#[tokio::test]
+async fn status_lines_forged_by_a_producer_do_not_stall_the_consumer() {
+    let (env, nats, host) = inventory_host("fakestatus").await;
+    nats.publish_many(good_orders(0..20)).await;
+    let forged = [
+        "404 No Messages",
+        "408 Request Timeout",
+        "409 Consumer Deleted",
+        "423 Nats-Pin-Id mismatch",
+        "100 Idle Heartbeat",
+        "503",
+    ];
+    for (i, status) in forged.iter().enumerate() {
+        let id = format!("evt-status-{i}");
+        let block = format!("NATS/1.0 {status}\r\nNats-Msg-Id: {id}\r\n\r\n");
+        publish_raw_block(
+            NATS_URL.trim_start_matches("nats://"),
+            &nats.subject(),
+            block.as_bytes(),
+            order_payload(&id, "sku-1", 1).as_bytes(),
+        )
+        .await;
+    }
+    nats.publish_many(good_orders(20..40)).await;
+    // Before the host read them as messages, this waited in vain: every forged line ended its
+    // pull request and dropped what followed it until `ack_wait` (default 30 s) brought it back.
+    wait_until(Duration::from_secs(20), "all 46 messages", || async {
+        (env.markers(CONSUMER).await >= 46).then_some(())
+    })
+    .await;
+    nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
+    assert_eq!(
+        env.markers(CONSUMER).await,
+        46,
+        "the forged ones are messages too"
+    );
+    assert_eq!(env.reserved("sku-1").await, 46, "each applied once");
+    assert!(
+        nats.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
 /// An event type a routing plugin does not know is a terminal failure before any effect (the
 /// pipeline dead-letters terminal failures, see `e2e.rs`): no marker is left behind.
 #[tokio::test]

@@ -199,3 +199,51 @@ fn hot_swap_keys_have_defaults_and_are_validated() {
     );
     assert!(is_kv_key("inventory-reservation-v1") && !is_kv_key(".x") && !is_kv_key("a b"));
 }
+
+/// `partitions` needs one subject with `*` tokens for the key; a host list in `postgres.url`
+/// must be one the host can use; each refusal names its key and shows no password.
+#[test]
+fn partitions_and_server_lists_are_checked() {
+    let partitioned = |subject: &str, n: u32| {
+        SAMPLE
+            .replace("[\"orders.placed\"]", subject)
+            .replace("memory_limit", &format!("partitions = {n}\nmemory_limit"))
+    };
+    let ok = parse(&partitioned("[\"orders.*\"]", 8), &[]).unwrap();
+    assert_eq!(
+        ok.consumers[0].durables(),
+        (0..8)
+            .map(|p| format!("inventory-reservation-v1-p{p}"))
+            .collect::<Vec<_>>()
+    );
+    for (subject, n) in [
+        ("[\"orders.placed\"]", 8),
+        ("[\"orders.>\"]", 8),
+        ("[\"orders.*\", \"refunds.*\"]", 8),
+        ("[\"orders.*\"]", 5000),
+    ] {
+        let err = parse(&partitioned(subject, n), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("consumer[0].subjects") || err.contains("consumer[0].partitions"),
+            "{subject} × {n}: {err}"
+        );
+    }
+    let with_url = |url: &str| SAMPLE.replace("postgres://root@127.0.0.1:5432/test", url);
+    parse(
+        &with_url("postgres://app@db1:5432,db2:5433/app?target_session_attrs=read-write"),
+        &[],
+    )
+    .unwrap();
+    for bad in [
+        "postgres://app:pw@db1,db2/app?target_session_attrs=standby",
+        "postgres://app:pw@db1,,db2/app",
+    ] {
+        let err = parse(&with_url(bad), &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("postgres.url") && !err.contains("pw@"),
+            "{err}"
+        );
+    }
+}

@@ -16,17 +16,14 @@
 //! same message wait, then see a duplicate. Concurrency is one delivery per partition: choose
 //! `partitions` for the parallelism wanted (every replica binds all of them).
 //!
-//! async-nats 0.52 refuses one-shot pulls (`batch()`) on a pinned consumer, so the host sends
-//! the pull requests itself: `$JS.API.CONSUMER.MSG.NEXT` with the group and the pin id it was
-//! given, which the server then recognizes as the same client.
+//! The pull requests ([`super::pull`]) carry the group and the pin id this replica was given,
+//! by which the server recognizes it as the same client.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::PriorityPolicy, consumer::pull};
-use async_nats::{HeaderMap, StatusCode};
-use futures::StreamExt;
-use futures::stream::BoxStream;
 
 use crate::config::ConsumerConfig;
 
@@ -127,7 +124,7 @@ impl Pin {
         self.id.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn current(&self) -> Option<String> {
+    pub(super) fn current(&self) -> Option<String> {
         self.id().clone()
     }
 
@@ -135,7 +132,7 @@ impl Pin {
     /// may have put its own before it) pins this replica. Taken only while this replica has
     /// no pin: a producer's header on a later message cannot replace the server's. True when
     /// the pin is new.
-    fn saw(&self, headers: Option<&HeaderMap>) -> bool {
+    pub(super) fn saw(&self, headers: Option<&HeaderMap>) -> bool {
         let Some(id) = headers.and_then(|h| h.get_last(async_nats::header::NATS_PIN_ID)) else {
             return false;
         };
@@ -150,70 +147,12 @@ impl Pin {
     }
 
     /// The server no longer knows this pin (423): another replica has the partition now.
-    fn lost(&self) {
+    pub(super) fn lost(&self) {
         if let Some(id) = self.id().take() {
             tracing::info!(consumer = %self.consumer, partition = self.partition, pin = %id,
                 "partition unpinned from this replica");
         }
     }
-}
-
-/// One pull request for up to `batch` messages of partition `pin` in [`GROUP`]: the messages
-/// the server sends for it, ending when it has sent `batch`, ends the request (timeout, no
-/// messages, pin mismatch) or `expires` (and a margin) passed.
-pub async fn pull(
-    js: &jetstream::Context,
-    stream: &str,
-    durable: &str,
-    pin: &Pin,
-    batch: usize,
-    expires: Duration,
-) -> anyhow::Result<BoxStream<'static, anyhow::Result<jetstream::Message>>> {
-    let client = js.client();
-    let inbox = client.new_inbox();
-    let sub = client.subscribe(inbox.clone()).await?;
-    let mut request = serde_json::json!({
-        "batch": batch,
-        "expires": expires.as_nanos() as u64,
-        "group": GROUP,
-    });
-    if let Some(id) = pin.current() {
-        request["id"] = id.into();
-    }
-    client
-        .publish_with_reply(
-            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"),
-            inbox,
-            request.to_string().into(),
-        )
-        .await?;
-    let deadline = tokio::time::Instant::now() + expires + Duration::from_secs(2);
-    let (pin, context) = (pin.clone(), js.clone());
-    let messages = futures::stream::unfold((sub, batch), move |(mut sub, left)| {
-        let (pin, context) = (pin.clone(), context.clone());
-        async move {
-            if left == 0 {
-                return None;
-            }
-            loop {
-                let message = tokio::time::timeout_at(deadline, sub.next()).await.ok()??;
-                match message.status.unwrap_or(StatusCode::OK) {
-                    StatusCode::OK => {}
-                    StatusCode::IDLE_HEARTBEAT => continue,
-                    StatusCode::PIN_ID_MISMATCH => {
-                        pin.lost();
-                        return None;
-                    }
-                    // 404 / 408 / 409: the request is over.
-                    _ => return None,
-                }
-                pin.saw(message.headers.as_ref());
-                let message = jetstream::Message { message, context };
-                return Some((Ok(message), (sub, left - 1)));
-            }
-        }
-    });
-    Ok(messages.boxed())
 }
 
 #[cfg(test)]

@@ -395,13 +395,18 @@ pub fn message(id: &str, payload: &str) -> Message {
 /// NATS protocol connection to `host_port`: what a foreign or broken client can send, which
 /// async-nats cannot build. Returns once the server answered the following PING.
 pub async fn publish_raw(host_port: &str, subject: &str, header_lines: &[u8], payload: &[u8]) {
+    let block = [b"NATS/1.0\r\n", header_lines, b"\r\n"].concat();
+    publish_raw_block(host_port, subject, &block, payload).await
+}
+
+/// [`publish_raw`] of a whole header block, its first line included (`NATS/1.0 …`).
+pub async fn publish_raw_block(host_port: &str, subject: &str, block: &[u8], payload: &[u8]) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let socket = tokio::net::TcpStream::connect(host_port).await.unwrap();
     let mut conn = BufReader::new(socket);
     let mut line = String::new();
     conn.read_line(&mut line).await.unwrap();
     assert!(line.starts_with("INFO"), "{line}");
-    let block = [b"NATS/1.0\r\n", header_lines, b"\r\n"].concat();
     let mut out =
         b"CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true,\"protocol\":1}\r\n"
             .to_vec();
@@ -413,7 +418,7 @@ pub async fn publish_raw(host_port: &str, subject: &str, header_lines: &[u8], pa
         )
         .as_bytes(),
     );
-    out.extend(&block);
+    out.extend(block);
     out.extend(payload);
     out.extend(b"\r\nPING\r\n");
     conn.get_mut().write_all(&out).await.unwrap();

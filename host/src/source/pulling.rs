@@ -1,0 +1,104 @@
+//! Pull requests, sent by the host itself rather than through async-nats's `batch()`.
+//!
+//! Two reasons. A pinned consumer's pulls must carry the group and pin id (see [`partition`]),
+//! and async-nats refuses one-shot pulls there. And a producer decides a stored message's whole
+//! header block, its first line included: a message published with `NATS/1.0 404 No Messages`
+//! (or 408, 409, 423, 100, 503) comes back from JetStream with that status, and a client that
+//! reads statuses first takes it for the server ending the request. async-nats does: the
+//! request ended there, the messages after it in the same request were dropped unseen (and
+//! redelivered an `ack_wait` later), and the forged one came back each `ack_wait` to do it again
+//! — any producer could slow a consumer to a crawl. Here a message that carries an ack subject
+//! (`$JS.ACK.…`, which only a stream message has) is a message, whatever its first line says;
+//! only the server's own replies to the request, which have none, are statuses.
+//!
+//! [`partition`]: super::partition
+
+use std::time::Duration;
+
+use async_nats::StatusCode;
+use async_nats::jetstream;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use super::partition::{GROUP, Pin};
+
+/// One pull request for up to `batch` messages of `durable` on `stream` (in [`GROUP`] with
+/// `pin`'s id, for a partition): the messages the server sends for it, ending when it has sent
+/// `batch`, ended the request (timeout, no messages, pin mismatch) or `expires` (and a margin)
+/// passed. A reply that ends the request because the consumer is gone is an error.
+pub async fn pull(
+    js: &jetstream::Context,
+    stream: &str,
+    durable: &str,
+    pin: Option<&Pin>,
+    batch: usize,
+    expires: Duration,
+) -> anyhow::Result<BoxStream<'static, anyhow::Result<jetstream::Message>>> {
+    let client = js.client();
+    let inbox = client.new_inbox();
+    let sub = client.subscribe(inbox.clone()).await?;
+    let mut request = serde_json::json!({
+        "batch": batch,
+        "expires": expires.as_nanos() as u64,
+    });
+    if let Some(pin) = pin {
+        request["group"] = GROUP.into();
+        if let Some(id) = pin.current() {
+            request["id"] = id.into();
+        }
+    }
+    client
+        .publish_with_reply(
+            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"),
+            inbox,
+            request.to_string().into(),
+        )
+        .await?;
+    let deadline = tokio::time::Instant::now() + expires + Duration::from_secs(2);
+    let (pin, context) = (pin.cloned(), js.clone());
+    let messages = futures::stream::unfold((sub, batch), move |(mut sub, left)| {
+        let (pin, context) = (pin.clone(), context.clone());
+        async move {
+            if left == 0 {
+                return None;
+            }
+            loop {
+                let message = tokio::time::timeout_at(deadline, sub.next()).await.ok()??;
+                let stored = message
+                    .reply
+                    .as_ref()
+                    .is_some_and(|r| r.starts_with("$JS.ACK."));
+                if !stored {
+                    match message.status.unwrap_or(StatusCode::OK) {
+                        StatusCode::IDLE_HEARTBEAT => continue,
+                        StatusCode::PIN_ID_MISMATCH => {
+                            if let Some(pin) = &pin {
+                                pin.lost();
+                            }
+                            return None;
+                        }
+                        StatusCode::NO_RESPONDERS => {
+                            let e = anyhow::anyhow!("no JetStream server answered the pull");
+                            return Some((Err(e), (sub, 0)));
+                        }
+                        StatusCode::REQUEST_TERMINATED
+                            if message.description.as_deref() == Some("Consumer Deleted") =>
+                        {
+                            let e = anyhow::anyhow!("the consumer was deleted");
+                            return Some((Err(e), (sub, 0)));
+                        }
+                        // 404 / 408 / 409, or anything else without an ack subject: the
+                        // request is over.
+                        _ => return None,
+                    }
+                }
+                if let Some(pin) = &pin {
+                    pin.saw(message.headers.as_ref());
+                }
+                let message = jetstream::Message { message, context };
+                return Some((Ok(message), (sub, left - 1)));
+            }
+        }
+    });
+    Ok(messages.boxed())
+}
