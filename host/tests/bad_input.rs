@@ -118,6 +118,22 @@ async fn non_utf8_headers_are_dead_lettered_and_the_rest_applies_once() {
     env.cleanup().await;
 }
 
+/// Waits (up to `within`) for `n` markers, then: the consumer drained, `n` markers and `n`
+/// reserved units (one effect each), nothing dead-lettered.
+async fn applied_once_each(env: &TestEnv, nats: &NatsEnv, n: i64, within: Duration) {
+    wait_until(within, &format!("{n} messages applied"), || async {
+        (env.markers(CONSUMER).await >= n).then_some(())
+    })
+    .await;
+    nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
+    assert_eq!(env.markers(CONSUMER).await, n);
+    assert_eq!(env.reserved("sku-1").await, n, "each applied once");
+    assert!(
+        nats.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+}
+
 /// A bare carriage return inside a header value (`X-Note: a\rb`): async-nats 0.51 panicked
 /// the connection task on it (any publisher could cut the consumer's connection, each time the
 /// message was delivered); from 0.52 the client reads it with a space in its place. The message
@@ -134,17 +150,7 @@ async fn a_carriage_return_in_a_header_value_is_read_not_fatal() {
     )
     .await;
     nats.publish_many(good_orders(20..40)).await;
-    wait_until(Duration::from_secs(30), "41 messages applied", || async {
-        (env.markers(CONSUMER).await >= 41).then_some(())
-    })
-    .await;
-    nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
-    assert_eq!(env.markers(CONSUMER).await, 41);
-    assert_eq!(env.reserved("sku-1").await, 41, "each applied once");
-    assert!(
-        nats.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
+    applied_once_each(&env, &nats, 41, Duration::from_secs(30)).await;
     host.stop().await;
     nats.cleanup().await;
     env.cleanup().await;
@@ -181,21 +187,7 @@ async fn status_lines_forged_by_a_producer_do_not_stall_the_consumer() {
     nats.publish_many(good_orders(20..40)).await;
     // Before the host read them as messages, this waited in vain: every forged line ended its
     // pull request and dropped what followed it until `ack_wait` (default 30 s) brought it back.
-    wait_until(Duration::from_secs(20), "all 46 messages", || async {
-        (env.markers(CONSUMER).await >= 46).then_some(())
-    })
-    .await;
-    nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
-    assert_eq!(
-        env.markers(CONSUMER).await,
-        46,
-        "the forged ones are messages too"
-    );
-    assert_eq!(env.reserved("sku-1").await, 46, "each applied once");
-    assert!(
-        nats.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
+    applied_once_each(&env, &nats, 46, Duration::from_secs(20)).await;
     host.stop().await;
     nats.cleanup().await;
     env.cleanup().await;
