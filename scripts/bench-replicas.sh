@@ -6,6 +6,9 @@
 # and NATS.
 #
 #   scripts/bench-replicas.sh                    # N=20000, IN_FLIGHT=8, replicas 1,2,3
+#   CLUSTER=1 scripts/bench-replicas.sh          # against a private 3-node JetStream cluster on
+#                                                # loopback, the streams at R3 (the machine's
+#                                                # nats-server; SERVERS=new: 2.15 from servers.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
@@ -16,8 +19,15 @@ PEERS=${PEERS:-../shared/peers}
 scripts/build-plugins.sh rust >/dev/null
 cargo build --quiet --release -p idemhost --bin idemhost --example replicas
 out=$(mktemp -d)
+cluster=()
+if [ -n "${CLUSTER:-}" ]; then
+  source scripts/bench-cluster.sh
+  cluster=(--nats "$CLUSTER_URLS" --stream-replicas 3)
+  echo "== $("$NATS_SERVER" --version): 3 nodes on loopback, streams at R3"
+fi
 echo "== idemhost replicas, N=$N, max_in_flight $IN_FLIGHT each"
-"$TARGET"/release/examples/replicas --n "$N" --in-flight "$IN_FLIGHT" --replicas 1,2,3 | tee "$out/host.txt"
+"$TARGET"/release/examples/replicas --n "$N" --in-flight "$IN_FLIGHT" --replicas "${REPLICAS:-1,2,3}" \
+  "${cluster[@]}" | tee "$out/host.txt"
 echo "== pgbench, seed transaction at the same total concurrency (T=${T:-10}s)"
 (cd "$PEERS/pgbench" && psql -q -d "${DB:-test}" -f ../node-seed/reset.sql)
 for r in 1 2 3; do

@@ -4,6 +4,7 @@
 //! transaction at the same total concurrency beside it. Not a test: ±15% run to run here.
 //!
 //! `cargo run --release -p idemhost --example replicas -- --n 20000 --in-flight 8 --replicas 1,2,3`
+//! Against a cluster (`scripts/bench-cluster.sh`): `--nats URL,URL,URL --stream-replicas 3`.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,6 +31,8 @@ async fn main() -> anyhow::Result<()> {
         .split(',')
         .map(|r| r.parse())
         .collect::<Result<_, _>>()?;
+    let nats_url = arg("--nats", NATS_URL);
+    let stream_replicas: usize = arg("--stream-replicas", "1").parse()?;
     let bin = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/idemhost");
     let plugin = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -37,13 +40,17 @@ async fn main() -> anyhow::Result<()> {
     );
     let dir = std::env::temp_dir().join("idemhost-bench-replicas");
     std::fs::create_dir_all(&dir)?;
-    let js = jetstream::new(async_nats::connect(NATS_URL).await?);
+    let servers: Vec<async_nats::ServerAddr> = nats_url
+        .split(',')
+        .map(|u| u.parse())
+        .collect::<Result<_, _>>()?;
+    let js = jetstream::new(async_nats::connect(servers).await?);
     let mut rows = Vec::new();
     for replicas in counts {
         let pool = reset_schema().await;
-        publish_all(&js, n).await;
+        publish_all_replicated(&js, n, stream_replicas).await;
         let text = format!(
-            "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
+            "[nats]\nurl = \"{nats_url}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
              [metrics]\nmarker_interval = \"0s\"\n\
              [[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"{CONSUMER}\"\nstream = \"BENCH\"\nsubjects = [\"bench.orders\"]\nplugin = \"{plugin}\"\n\
              max_in_flight = {in_flight}\ndead_letter_subject = \"bench.dlq\"\n",

@@ -107,6 +107,11 @@ pub enum Command {
         #[command(subcommand)]
         command: ops::OutboxCommand,
     },
+    /// Pause a consumer on the server for a while (NATS 2.11+), or resume it.
+    Consumer {
+        #[command(subcommand)]
+        command: ops::ConsumerCommand,
+    },
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -122,6 +127,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<u8> {
         Command::Markers { command } => ops::markers(command).await.map(|()| 0),
         Command::Dlq { command } => ops::dlq(command).await.map(|()| 0),
         Command::Outbox { command } => ops::outbox(command).await.map(|()| 0),
+        Command::Consumer { command } => ops::consumer_command(command).await.map(|()| 0),
         command => execute_command(Cli { command, ..cli }).await.map(|()| 0),
     }
 }
@@ -220,7 +226,8 @@ async fn execute_command(cli: Cli) -> anyhow::Result<()> {
         Command::Check(_)
         | Command::Markers { .. }
         | Command::Dlq { .. }
-        | Command::Outbox { .. } => {
+        | Command::Outbox { .. }
+        | Command::Consumer { .. } => {
             unreachable!("handled by execute")
         }
     }

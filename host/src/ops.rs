@@ -7,6 +7,7 @@ pub mod check;
 pub mod dlq;
 pub mod markers;
 pub mod outbox;
+pub mod pause;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

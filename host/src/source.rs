@@ -334,7 +334,8 @@ impl ConsumerRuntime {
                     continue;
                 }
             };
-            backoff = Duration::from_millis(100);
+            let asked_at = tokio::time::Instant::now();
+            let mut got = 0usize;
             loop {
                 let linger = tokio::time::sleep_until(
                     gathering
@@ -351,6 +352,7 @@ impl ConsumerRuntime {
                 };
                 match next {
                     Some(Ok(msg)) => {
+                        got += 1;
                         let Some(credit) = held.pop() else {
                             // The server never sends more than asked; if it did, the message
                             // is left unacked and redelivered after ack_wait.
@@ -397,6 +399,17 @@ impl ConsumerRuntime {
             // The pull request is over: what it gathered starts now rather than wait for the
             // next request.
             self.start_batch(&mut tasks, &slots, &mut gathering);
+            // A request the server ends at once with nothing (a consumer gone or refusing
+            // pulls) must not turn this loop into a busy one: back off, as after an error.
+            if got == 0 && asked_at.elapsed() < Duration::from_millis(50) {
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            } else {
+                backoff = Duration::from_millis(100);
+            }
         }
         // Already pulled: handled like the other in-flight deliveries.
         self.start_batch(&mut tasks, &slots, &mut gathering);

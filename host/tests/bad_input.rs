@@ -35,18 +35,6 @@ async fn inventory_host(tag: &str) -> (TestEnv, NatsEnv, RunningHost) {
     (env, nats, host)
 }
 
-/// Orders `evt-<i>` of one unit of sku-1, under their ids.
-fn good_orders(
-    range: std::ops::Range<usize>,
-) -> impl Iterator<Item = (async_nats::HeaderMap, String)> {
-    range.map(|i| {
-        let id = format!("evt-{i}");
-        let mut h = async_nats::HeaderMap::new();
-        h.insert("Nats-Msg-Id", id.as_str());
-        (h, order_payload(&id, "sku-1", 1))
-    })
-}
-
 /// A header block that is not UTF-8 makes the client drop the connection each time the message
 /// is delivered, so the host never sees it. The server stops one delivery after `max_deliver`;
 /// the host keeps that advisory in a stream, fetches the stored message through the raw API

@@ -401,9 +401,7 @@ async fn several_subjects_are_one_consumer_from_nats_2_10() {
     let mut cfg = config(&env, &nats, "subjects-v1", "testkit", "");
     cfg.consumers[0].subjects = vec![subject("placed"), subject("cancelled")];
     let version = nats.js.client().server_info().version;
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) < (2, 10) {
+    if idemhost::source::partition::server_at_least(&nats.client, (2, 10)).is_err() {
         let err = start_error(cfg).await;
         assert!(err.contains("needs a NATS server 2.10 or newer"), "{err}");
     } else {
@@ -564,4 +562,63 @@ async fn readyz_reports_a_lost_postgres_and_recovers() {
     )
     .await;
     nats.cleanup().await;
+}
+
+/// `idemhost consumer pause --for 1m` (NATS 2.11+): while the consumer is paused on the server,
+/// the running host gets none of its messages; `idemhost consumer resume` lets them through,
+/// each applied once. On 2.9 / 2.10 the command refuses and says what to do instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_consumer_delivers_nothing_until_resumed() {
+    let env = TestEnv::new("e2epause").await;
+    env.seed_inventory(&[("sku-1", 1000)]).await;
+    let nats = NatsEnv::new("e2epause", Duration::from_secs(60)).await;
+    let text = config_text(&env, &nats, CONSUMER, "inventory", "");
+    let file = std::env::temp_dir().join(format!("{}.toml", unique("e2epause")));
+    std::fs::write(&file, &text).unwrap();
+    let cli = |verb: &str, extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idemhost"))
+            .args(["consumer", verb, "--config", file.to_str().unwrap()])
+            .args(["--consumer", CONSUMER])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let host = RunningHost::start(Host::new(parse_config(&text)));
+    nats.publish_many(good_orders(0..1)).await;
+    wait_until(Duration::from_secs(30), "the first order", || async {
+        (env.markers(CONSUMER).await == 1).then_some(())
+    })
+    .await;
+    let paused = cli("pause", &["--for", "1m"]);
+    let said = String::from_utf8_lossy(&paused.stderr).into_owned()
+        + &String::from_utf8_lossy(&paused.stdout);
+    if idemhost::source::partition::server_at_least(&nats.client, (2, 11)).is_err() {
+        assert!(!paused.status.success());
+        assert!(said.contains("needs a NATS server 2.11 or newer"), "{said}");
+    } else {
+        assert!(paused.status.success(), "{said}");
+        assert!(said.contains("paused until"), "{said}");
+        nats.publish_many(good_orders(1..21)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            env.markers(CONSUMER).await,
+            1,
+            "nothing delivered while paused"
+        );
+        let resumed = cli("resume", &[]);
+        assert!(resumed.status.success());
+        assert!(String::from_utf8_lossy(&resumed.stdout).contains("delivering"));
+        wait_until(
+            Duration::from_secs(30),
+            "the 20 orders after resume",
+            || async { (env.markers(CONSUMER).await == 21).then_some(()) },
+        )
+        .await;
+        nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
+        assert_eq!(env.reserved("sku-1").await, 21, "each applied once");
+    }
+    host.stop().await;
+    let _ = std::fs::remove_file(&file);
+    nats.cleanup().await;
+    env.cleanup().await;
 }

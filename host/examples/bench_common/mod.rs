@@ -51,11 +51,17 @@ pub async fn reset_schema() -> PgPool {
 }
 
 pub async fn publish_all(js: &jetstream::Context, n: usize) {
+    publish_all_replicated(js, n, 1).await
+}
+
+/// [`publish_all`] into streams of `num_replicas` copies (a cluster's R3).
+pub async fn publish_all_replicated(js: &jetstream::Context, n: usize, num_replicas: usize) {
     let _ = js.delete_stream("BENCH").await;
     let _ = js.delete_stream("BENCH_DLQ").await;
     js.create_stream(stream::Config {
         name: "BENCH".into(),
         subjects: vec!["bench.orders".into()],
+        num_replicas,
         ..Default::default()
     })
     .await
@@ -63,6 +69,7 @@ pub async fn publish_all(js: &jetstream::Context, n: usize) {
     js.create_stream(stream::Config {
         name: "BENCH_DLQ".into(),
         subjects: vec!["bench.dlq".into()],
+        num_replicas,
         ..Default::default()
     })
     .await

@@ -64,6 +64,57 @@ pub enum MarkersCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum ConsumerCommand {
+    /// Pause a consumer on the server (NATS 2.11+): no replica gets its messages until the time
+    /// is up or `resume`; the hosts keep running. Every partition's durable with `partitions`.
+    Pause {
+        #[command(flatten)]
+        source: Source,
+        #[arg(long)]
+        consumer: String,
+        /// For how long (e.g. `10m`).
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        duration: std::time::Duration,
+    },
+    /// Resume a paused consumer now.
+    Resume {
+        #[command(flatten)]
+        source: Source,
+        #[arg(long)]
+        consumer: String,
+    },
+}
+
+pub async fn consumer_command(command: ConsumerCommand) -> anyhow::Result<()> {
+    let (source, name, until) = match command {
+        ConsumerCommand::Pause {
+            source,
+            consumer,
+            duration,
+        } => (
+            source,
+            consumer,
+            Some(std::time::SystemTime::now() + duration),
+        ),
+        ConsumerCommand::Resume { source, consumer } => (source, consumer, None),
+    };
+    let config = Config::load(&source.config)?;
+    let c = consumer(&config, &name)?;
+    let (_client, js) = crate::host::connect_nats(&config.nats).await?;
+    let states = crate::ops::pause::set(&js, c, until).await?;
+    if source.json {
+        return print_json(&states);
+    }
+    for s in states {
+        match s.until {
+            Some(until) => println!("{}: paused until {until}", s.durable),
+            None => println!("{}: delivering", s.durable),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// A consumer's dead letters: stream sequence, message id, attempts, age, reason.
     List {

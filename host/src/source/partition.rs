@@ -33,22 +33,27 @@ pub const GROUP: &str = "idemhost";
 /// The server version partitions need (priority groups with `pinned_client`).
 const NEEDS: (u64, u64) = (2, 11);
 
-/// Whether the server behind `client` has priority groups; `Err` says what to do otherwise.
-pub fn check_server(client: &async_nats::Client, consumer: &str) -> anyhow::Result<()> {
+/// Whether the server behind `client` is at least `wanted` (major, minor): `Err` carries the
+/// version it is.
+pub fn server_at_least(client: &async_nats::Client, wanted: (u64, u64)) -> Result<(), String> {
     let version = client.server_info().version;
     let mut parts = version
         .trim_start_matches('v')
         .split(['.', '-'])
         .map(|p| p.parse::<u64>().unwrap_or(0));
     let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if found < NEEDS {
-        anyhow::bail!(
+    if found < wanted { Err(version) } else { Ok(()) }
+}
+
+/// Whether the server behind `client` has priority groups; `Err` says what to do otherwise.
+pub fn check_server(client: &async_nats::Client, consumer: &str) -> anyhow::Result<()> {
+    server_at_least(client, NEEDS).map_err(|version| {
+        anyhow::anyhow!(
             "consumer {consumer}: `partitions` needs a NATS server 2.11 or newer (priority groups \
              with pinned_client); this one is {version}. Without it, per-key order holds within \
              one replica only (`ordering`)"
-        );
-    }
-    Ok(())
+        )
+    })
 }
 
 /// How long a partition's pin outlives its holder's last pull: past a pull request's expiry,

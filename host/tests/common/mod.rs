@@ -376,6 +376,18 @@ pub fn load_plugin(name: &str, timeout: Duration) -> Arc<WasmHandler> {
     Arc::new(runtime().load(&plugin_path(name), limits).unwrap())
 }
 
+/// Orders `evt-<i>` of one unit of sku-1, under their ids.
+pub fn good_orders(
+    range: std::ops::Range<usize>,
+) -> impl Iterator<Item = (async_nats::HeaderMap, String)> {
+    range.map(|i| {
+        let id = format!("evt-{i}");
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", id.as_str());
+        (h, order_payload(&id, "sku-1", 1))
+    })
+}
+
 pub fn order_payload(id: &str, sku: &str, quantity: i64) -> String {
     format!(r#"{{"id":"{id}","orderId":"order-{id}","sku":"{sku}","quantity":{quantity}}}"#)
 }
