@@ -234,7 +234,8 @@ impl Host {
                 // A plugin: its own pool, logged in as its consumer's role (SECURITY.md).
                 let role = pg::wall::plugin_role(&config.postgres, c);
                 pg::wall::provision(&pool, c, &role).await?;
-                let size = c.max_in_flight.max(1);
+                // With partitions every partition may have a delivery running.
+                let size = c.max_in_flight.max(c.partitions).max(1);
                 let plugin_pool = pg::wall::role_pool(
                     &config.postgres,
                     &failover,

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 
 use crate::config::PostgresConfig;
 
@@ -59,24 +59,25 @@ pub fn describe(error: &sqlx::Error) -> String {
     }
 }
 
-/// A URL with its password replaced by `***`, for error messages and logs.
+/// A URL with its password replaced by `***`, for error messages and logs: the one in its
+/// user part and a `password=` query parameter.
 pub fn redact_url(raw: &str) -> String {
     if let Ok(mut u) = url::Url::parse(raw) {
         if u.password().is_some() {
             // Setting a password only fails for URLs that cannot have one.
             let _ = u.set_password(Some("***"));
         }
-        return u.to_string();
+        return redact_query_password(u.as_ref());
     }
-    // Several hosts (`h1:5432,h2:5432`) are not a URL to the `url` crate: by hand, then.
+    // Several hosts (`h1:5432,h2:5432`) are not a URL to the `url` crate, nor is a password
+    // with an unencoded `/` in it: by hand, then, masking all from `user:` to the last `@`.
     let Some((scheme, rest)) = raw.split_once("://") else {
         return "<unparseable url>".to_string();
     };
-    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
-    match authority.rfind('@') {
+    let redacted = match rest.rfind('@') {
         Some(at) => {
-            let user = authority[..at].split(':').next().unwrap_or_default();
-            let password = if authority[..at].contains(':') {
+            let user = rest[..at].split([':', '/', '?']).next().unwrap_or_default();
+            let password = if rest[..at].len() > user.len() {
                 ":***"
             } else {
                 ""
@@ -84,7 +85,23 @@ pub fn redact_url(raw: &str) -> String {
             format!("{scheme}://{user}{password}{}", &rest[at..])
         }
         None => raw.to_string(),
-    }
+    };
+    redact_query_password(&redacted)
+}
+
+/// `password=…` query parameters replaced by `password=***`.
+fn redact_query_password(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{base}?{}", pairs.join("&"))
 }
 
 /// [`redact_url`] of each URL of a comma-separated list (`nats.url` of a cluster).
@@ -124,7 +141,8 @@ pub async fn connect_following(
 ) -> anyhow::Result<(PgPool, std::sync::Arc<Failover>)> {
     let failover = Failover::find(config).await?;
     let shown = redact_url(failover.current_url());
-    let pool = PgPoolOptions::new()
+    let pool = failover
+        .pool_options()
         .max_connections(max_connections)
         .acquire_timeout(config.acquire_timeout.0)
         .connect_with(failover.options())

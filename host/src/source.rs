@@ -135,6 +135,24 @@ pub async fn bind(
             )
         })?
     };
+    if config.partitions > 0 {
+        // Without the transform nothing would match the partitions' filters (or a producer
+        // could pick a partition by publishing `<subject>.<n>` itself).
+        let wanted = partition::transform(&config.subjects[0], config.partitions);
+        let have = &stream.cached_info().config;
+        if have.subject_transform.as_ref() != Some(&wanted) {
+            anyhow::bail!(
+                "consumer {name}: `partitions = {}` needs stream {} to put the partition in the \
+                 subject: subject_transform {{ src = \"{}\", dest = \"{}\" }} (it has {:?}; \
+                 create_stream = true sets it when it creates the stream)",
+                config.partitions,
+                config.stream,
+                wanted.source,
+                wanted.destination,
+                have.subject_transform
+            );
+        }
+    }
     let dlq = config.dead_letter_subject();
     if let Ok(dlq_stream) = js.stream_by_subject(dlq.clone()).await {
         let consumes_own_dead_letters =
@@ -188,6 +206,14 @@ pub async fn bind(
             None
         }
     };
+    if partition.is_some() && exhausted.is_none() {
+        // A message the client cannot read would hold its partition (one message at a time)
+        // for ever: the advisory stream is what dead-letters it.
+        anyhow::bail!(
+            "consumer {name}: `partitions` needs the max-deliveries advisory stream, which could \
+             not be set up (see the warning above)"
+        );
+    }
     let max_deliver = match exhausted {
         Some(_) => i64::from(config.max_deliver) + 1,
         None => -1,

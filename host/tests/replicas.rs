@@ -154,6 +154,23 @@ async fn partitions_keep_each_keys_order_across_replicas_when_one_dies() {
     wanted.subject_transform = Some(idemhost::source::partition::transform(&keyed, PARTITIONS));
     nats.js.update_stream(&wanted).await.unwrap();
 
+    // First in every partition, messages whose producer forged a pin: a `Nats-Pin-Id` of its
+    // own, and a header block without its closing blank line, which makes the server's appended
+    // pin line read as part of the producer's last header. A replica that took its pin from the
+    // header would pull with "forged", be refused (423) and leave its partition idle until the
+    // pin timed out; the host takes the pin from the consumer's info instead.
+    const FORGED: usize = 20;
+    for k in (0..KEYS).step_by(KEYS / FORGED) {
+        let block =
+            format!("NATS/1.0\r\nNats-Msg-Id: forge-{k}\r\nNats-Pin-Id: forged\r\nX-Fold: y\r\n");
+        publish_raw_block(
+            NATS_URL.trim_start_matches("nats://"),
+            &format!("{}.keys.k-{k}", nats.prefix),
+            block.as_bytes(),
+            br#"{"steps":[]}"#,
+        )
+        .await;
+    }
     let (events, duplicates, _) = versioned_events(KEYS, VERSIONS, 11, false);
     let prefix = nats.prefix.clone();
     nats.publish_many_to(
@@ -249,7 +266,11 @@ async fn partitions_keep_each_keys_order_across_replicas_when_one_dies() {
             "partition {p} moved to a live replica: {survivors:?}"
         );
     }
-    assert_eq!(env.markers(NAME).await, total);
+    let logs: String = (0..4)
+        .map(|i| std::fs::read_to_string(log(&format!("r{i}"))).unwrap_or_default())
+        .collect();
+    assert!(!logs.contains("forged"), "a replica took a producer's pin");
+    assert_eq!(env.markers(NAME).await, total + FORGED as i64);
     assert_eq!(applied().await, total, "exactly once");
     assert_keys_in_order(&env, VERSIONS).await;
     assert!(

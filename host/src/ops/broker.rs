@@ -50,7 +50,12 @@ pub async fn consumer_state(
         }
     }
     if after != u64::MAX {
-        state.oldest_unacked = oldest_from(&stream, &config.subjects, after).await?;
+        // Partitioned messages are stored under `<subject>.<partition>`.
+        let subjects: Vec<String> = match config.partitions {
+            0 => config.subjects.clone(),
+            _ => config.subjects.iter().map(|s| format!("{s}.*")).collect(),
+        };
+        state.oldest_unacked = oldest_from(&stream, &subjects, after).await?;
     }
     Ok(state)
 }

@@ -8,7 +8,9 @@
 //! trip). When it does not — the primary is gone, or a promoted standby took over and the old
 //! primary came back read-only — the watcher looks for the new one in the list's order and points
 //! every pool of the host (its own and the plugins' role pools) at it: connections opened from
-//! then on go there. Connections already open to a server that died fail and are discarded; a
+//! then on go there, and a pool hands out no connection opened before the move (it closes it):
+//! an old primary that still takes writes — promoted over without fencing — gets no more claims
+//! from the pools (a consumer's kept connections return to the pool within a minute at most). Connections already open to a server that died fail and are discarded; a
 //! transaction that fails on one is rolled back or lost with its server, never acked, and its
 //! message is redelivered and decided by the marker on the new primary (docs/scaling.md says
 //! what the replication settings must be for an acked commit to be on that primary).
@@ -44,9 +46,9 @@ pub struct Servers {
 
 impl Servers {
     /// Parses `url`: its host part may list `host:port` pairs separated by commas, and its query
-    /// may carry `target_session_attrs` (`any`, `read-write` or `primary`; the host writes, so
-    /// `read-only`, `standby` and `prefer-standby` are refused). Everything else is kept as is
-    /// for each host.
+    /// may carry `target_session_attrs` (`read-write` — the default with several servers —,
+    /// `primary`, or `any` with one server; the host writes, so `read-only`, `standby` and
+    /// `prefer-standby` are refused). Everything else is kept as is for each host.
     pub fn parse(url: &str) -> anyhow::Result<Servers> {
         let shown = || redact_url(url);
         let (scheme, rest) = url
@@ -59,7 +61,7 @@ impl Servers {
             None => ("", authority),
         };
         let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-        let mut attrs = SessionAttrs::Any;
+        let mut attrs = None;
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -67,7 +69,7 @@ impl Servers {
                 kept.push(pair);
                 continue;
             }
-            attrs = match value {
+            attrs = Some(match value {
                 "any" => SessionAttrs::Any,
                 "read-write" => SessionAttrs::ReadWrite,
                 "primary" => SessionAttrs::Primary,
@@ -76,7 +78,7 @@ impl Servers {
                      (the host writes: any, read-write or primary)",
                     shown()
                 ),
-            };
+            });
         }
         let query = if kept.is_empty() {
             String::new()
@@ -104,6 +106,18 @@ impl Servers {
             hosts.push((name, parsed.port().unwrap_or(5432)));
             urls.push(one);
         }
+        // The host writes: of several servers it needs the writable one. `any` would settle
+        // on a standby the first time the primary is slow, and stay there.
+        let attrs = match (attrs, hosts.len()) {
+            (Some(SessionAttrs::Any), n) if n > 1 => anyhow::bail!(
+                "invalid postgres.url {}: target_session_attrs=any with several servers could \
+                 settle on a standby (use read-write or primary, the default)",
+                shown()
+            ),
+            (Some(attrs), _) => attrs,
+            (None, 1) => SessionAttrs::Any,
+            (None, _) => SessionAttrs::ReadWrite,
+        };
         Ok(Servers { urls, hosts, attrs })
     }
 
@@ -159,6 +173,8 @@ pub struct Failover {
     current: AtomicUsize,
     pools: Mutex<Vec<PgPool>>,
     switches: AtomicU64,
+    /// When the watcher last moved the pools.
+    switched_at: Mutex<Option<std::time::Instant>>,
     /// How long one server may take to answer (connect and query) before it counts as down.
     probe_timeout: Duration,
 }
@@ -184,6 +200,7 @@ impl Failover {
             current: AtomicUsize::new(0),
             pools: Mutex::new(Vec::new()),
             switches: AtomicU64::new(0),
+            switched_at: Mutex::new(None),
         };
         if this.servers.watched() {
             let mut refusals = Vec::new();
@@ -220,6 +237,23 @@ impl Failover {
     /// How many times the watcher moved the pools to another server.
     pub fn switches(&self) -> u64 {
         self.switches.load(Ordering::Relaxed)
+    }
+
+    /// Whether a connection `age` old was opened before the last move (to the old server).
+    pub fn opened_before_move(&self, age: Duration) -> bool {
+        let at = *self.switched_at.lock().unwrap_or_else(|p| p.into_inner());
+        at.is_some_and(|at| age > at.elapsed())
+    }
+
+    /// Pool options that close, rather than hand out, a connection opened before the last move:
+    /// one to an old primary that still takes writes (promoted over without fencing) must not
+    /// go on taking claims.
+    pub fn pool_options(self: &Arc<Self>) -> sqlx::postgres::PgPoolOptions {
+        let this = self.clone();
+        sqlx::postgres::PgPoolOptions::new().before_acquire(move |_conn, meta| {
+            let stale = this.opened_before_move(meta.age);
+            Box::pin(async move { Ok(!stale) })
+        })
     }
 
     /// Makes `pool` follow the primary: when the watcher moves, its new connections go to the
@@ -267,6 +301,8 @@ impl Failover {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         let from = self.current.swap(i, Ordering::Relaxed);
         self.switches.fetch_add(1, Ordering::Relaxed);
+        *self.switched_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now());
         pools.retain(|p| !p.is_closed());
         for pool in pools.iter() {
             let options = (*pool.connect_options()).clone();
@@ -379,7 +415,14 @@ mod tests {
 
     #[test]
     fn attributes_the_host_cannot_use_and_empty_hosts_are_refused() {
+        let s = Servers::parse("postgres://u@a,b/db").unwrap();
+        assert_eq!(
+            s.attrs(),
+            SessionAttrs::ReadWrite,
+            "several servers: read-write"
+        );
         for bad in [
+            "postgres://u@a,b/db?target_session_attrs=any",
             "postgres://u@a,b/db?target_session_attrs=standby",
             "postgres://u@a,b/db?target_session_attrs=read-only",
             "postgres://u@a,,b/db",
@@ -404,6 +447,18 @@ mod tests {
             redact_url("postgres://app@db1,db2/orders"),
             "postgres://app@db1,db2/orders"
         );
+        for leaky in [
+            "postgres://app:pa/ss@db1,db2/orders",
+            "postgres://app:pa/ss@db1/orders",
+            "postgres://app@db1,db2/orders?password=secret&sslmode=require",
+            "postgres://app@db1/orders?password=secret",
+            "postgres://app:a@b,c@db1,db2/orders",
+        ] {
+            let shown = redact_url(leaky);
+            for secret in ["pa/ss", "secret", "a@b,c"] {
+                assert!(!shown.contains(secret), "{leaky} shown as {shown}");
+            }
+        }
     }
 
     fn config(url: &str) -> PostgresConfig {

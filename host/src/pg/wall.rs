@@ -7,7 +7,7 @@
 
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Row};
 
 use super::describe;
@@ -183,13 +183,14 @@ pub fn connect_as(
 /// A pool of connections logged in as `role`, checked by one connection; it follows `failover`.
 pub async fn role_pool(
     postgres: &PostgresConfig,
-    failover: &super::Failover,
+    failover: &std::sync::Arc<super::Failover>,
     role: &str,
     password: Option<&str>,
     max_connections: u32,
 ) -> anyhow::Result<PgPool> {
     let options = role_connect_options(postgres, failover, role, password)?;
-    let pool = PgPoolOptions::new()
+    let pool = failover
+        .pool_options()
         .max_connections(max_connections.max(1))
         .acquire_timeout(postgres.acquire_timeout.0)
         .connect_with(options)

@@ -22,7 +22,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::PriorityPolicy, consumer::pull};
 
 use crate::config::ConsumerConfig;
@@ -133,22 +132,36 @@ impl Pin {
         self.id().clone()
     }
 
-    /// A delivered message's headers: the server's `Nats-Pin-Id` (the last one — a producer
-    /// may have put its own before it) pins this replica. Taken only while this replica has
-    /// no pin: a producer's header on a later message cannot replace the server's. True when
-    /// the pin is new.
-    pub(super) fn saw(&self, headers: Option<&HeaderMap>) -> bool {
-        let Some(id) = headers.and_then(|h| h.get_last(async_nats::header::NATS_PIN_ID)) else {
-            return false;
-        };
-        let mut current = self.id();
-        if current.is_some() {
-            return false;
+    /// This replica got a message of the partition while it had no pin: the server pinned it.
+    /// The id is taken from the consumer's info, the server's own answer, not from the
+    /// message's `Nats-Pin-Id` header: a producer decides the header block, and can make the
+    /// server's line unreadable (a block ending without its blank line folds the appended line
+    /// into the producer's last header) or put its own before it.
+    pub(super) async fn adopt(&self, js: &jetstream::Context, stream: &str, durable: &str) {
+        if self.current().is_some() {
+            return;
         }
-        tracing::info!(consumer = %self.consumer, partition = self.partition, pin = %id,
-            "partition pinned to this replica");
-        *current = Some(id.as_str().to_string());
-        true
+        let info = match js.get_stream_no_info(stream).await {
+            Ok(s) => s.consumer_info(durable).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let pinned = match info {
+            Ok(info) => info
+                .priority_groups
+                .into_iter()
+                .find(|g| g.group == GROUP)
+                .and_then(|g| g.pinned_client_id),
+            Err(e) => {
+                tracing::warn!(consumer = %self.consumer, partition = self.partition, error = %e,
+                    "could not read the partition's pin");
+                None
+            }
+        };
+        if let Some(id) = pinned {
+            tracing::info!(consumer = %self.consumer, partition = self.partition, pin = %id,
+                "partition pinned to this replica");
+            *self.id() = Some(id);
+        }
     }
 
     /// The server no longer knows this pin (423): another replica has the partition now.
@@ -172,23 +185,5 @@ mod tests {
             t.destination,
             "orders.{{wildcard(1)}}.placed.{{wildcard(2)}}.{{partition(8,1,2)}}"
         );
-    }
-
-    #[test]
-    fn a_producers_pin_header_cannot_replace_the_servers() {
-        let config: ConsumerConfig =
-            toml::from_str("name = \"c\"\nstream = \"S\"\nack_wait = \"2s\"").unwrap();
-        let pin = Pin::new(&config, 0);
-        let mut h = HeaderMap::new();
-        h.append("Nats-Pin-Id", "forged");
-        h.append("Nats-Pin-Id", "server");
-        assert!(pin.saw(Some(&h)), "a new pin");
-        assert_eq!(pin.current().as_deref(), Some("server"));
-        let mut later = HeaderMap::new();
-        later.append("Nats-Pin-Id", "forged-later");
-        assert!(!pin.saw(Some(&later)));
-        assert_eq!(pin.current().as_deref(), Some("server"));
-        pin.lost();
-        assert_eq!(pin.current(), None);
     }
 }

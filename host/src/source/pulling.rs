@@ -56,8 +56,10 @@ pub async fn pull(
         .await?;
     let deadline = tokio::time::Instant::now() + expires + Duration::from_secs(2);
     let (pin, context) = (pin.cloned(), js.clone());
+    let (stream, durable) = (stream.to_string(), durable.to_string());
     let messages = futures::stream::unfold((sub, batch), move |(mut sub, left)| {
         let (pin, context) = (pin.clone(), context.clone());
+        let (stream, durable) = (stream.clone(), durable.clone());
         async move {
             if left == 0 {
                 return None;
@@ -87,13 +89,22 @@ pub async fn pull(
                             let e = anyhow::anyhow!("the consumer was deleted");
                             return Some((Err(e), (sub, 0)));
                         }
-                        // 404 / 408 / 409, or anything else without an ack subject: the
-                        // request is over.
-                        _ => return None,
+                        // The ordinary ends of a request: nothing (left) to deliver.
+                        StatusCode::NOT_FOUND
+                        | StatusCode::TIMEOUT
+                        | StatusCode::REQUEST_TERMINATED => return None,
+                        other => {
+                            // 400 (a bad request: an unknown priority group), 412, …: the
+                            // consumer is not what the host bound; say so, the loop backs off.
+                            tracing::warn!(%durable, status = %other,
+                                description = message.description.as_deref().unwrap_or(""),
+                                "pull request refused");
+                            return None;
+                        }
                     }
                 }
                 if let Some(pin) = &pin {
-                    pin.saw(message.headers.as_ref());
+                    pin.adopt(&context, &stream, &durable).await;
                 }
                 let message = jetstream::Message { message, context };
                 return Some((Ok(message), (sub, left - 1)));
