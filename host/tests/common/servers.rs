@@ -1,0 +1,361 @@
+//! Private servers for the tests that stop, pause or fail them (the machine's shared ones stay
+//! up): a `nats-server`, a PostgreSQL cluster (and its standby), a JetStream cluster.
+
+use std::path::PathBuf;
+
+use super::*;
+
+/// A private `nats-server` with JetStream on a free port and its own store directory, for
+/// tests that stop the server: the machine's shared NATS stays up. Killed when dropped.
+pub struct PrivateNats {
+    port: u16,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateNats {
+    pub fn start() -> PrivateNats {
+        let port = free_port();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("nats-store"));
+        let mut server = PrivateNats {
+            port,
+            dir,
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the server on the same port and store, and waits until it accepts.
+    pub fn restart(&mut self) {
+        let child = std::process::Command::new(NATS_SERVER.get())
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        wait_accepting(self.port, "private nats-server");
+    }
+
+    /// Stops the server gracefully (SIGTERM: it flushes its store) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` to the server (SIGSTOP / SIGCONT: a stalled server).
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private PostgreSQL 15 cluster (`initdb` + `pg_ctl` from /usr/lib/postgresql/15/bin, run as
+/// `nobody`, trust auth, superuser `idemhost`) on a free port in its own directory, for tests
+/// that stop the server: the machine's shared PostgreSQL stays up. Stopped when dropped.
+pub struct PrivatePostgres {
+    port: u16,
+    dir: PathBuf,
+}
+
+impl PrivatePostgres {
+    pub fn start() -> PrivatePostgres {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(unique("idemhost-pg"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pg = PrivatePostgres { port, dir };
+        run("chown", &["nobody:nogroup", pg.path("")]);
+        as_nobody(
+            "initdb",
+            &[
+                "-D",
+                pg.path("data"),
+                "-A",
+                "trust",
+                "-U",
+                "idemhost",
+                "--no-sync",
+            ],
+        );
+        pg.start_again();
+        pg
+    }
+
+    /// A streaming standby of `primary` (`pg_basebackup -R`), started: read-only, in recovery.
+    pub fn standby_of(primary: &PrivatePostgres) -> PrivatePostgres {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(unique("idemhost-pg-standby"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pg = PrivatePostgres { port, dir };
+        run("chown", &["nobody:nogroup", pg.path("")]);
+        let source = primary.port.to_string();
+        as_nobody(
+            "pg_basebackup",
+            &[
+                "-D",
+                pg.path("data"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &source,
+                "-U",
+                "idemhost",
+                "-R",
+                "--no-sync",
+            ],
+        );
+        pg.start_again();
+        pg
+    }
+
+    fn path(&self, name: &str) -> &str {
+        // Leaked once per call site and test: a few bytes, and it keeps the call sites plain.
+        let p = self.dir.join(name);
+        Box::leak(p.to_string_lossy().into_owned().into_boxed_str())
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://idemhost@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// `host:port` of this server, for a host list.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `pg_ctl promote`, waiting until the standby is a primary that accepts writes.
+    pub fn promote(&self) {
+        as_nobody("pg_ctl", &["-D", self.path("data"), "-w", "promote"]);
+    }
+
+    /// `pg_ctl start`, waiting until it accepts connections.
+    pub fn start_again(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.path("")
+        );
+        as_nobody(
+            "pg_ctl",
+            &[
+                "-D",
+                self.path("data"),
+                "-w",
+                "-o",
+                &options,
+                "-l",
+                self.path("log"),
+                "start",
+            ],
+        );
+    }
+
+    /// `pg_ctl stop -m immediate`: the server dies without a checkpoint, connections drop.
+    pub fn stop_immediate(&self) {
+        as_nobody(
+            "pg_ctl",
+            &["-D", self.path("data"), "-w", "-m", "immediate", "stop"],
+        );
+    }
+
+    /// Sends `signal` to the postmaster and every backend (SIGSTOP / SIGCONT: a stalled server
+    /// that neither answers nor closes its connections).
+    pub fn signal_all(&self, signal: i32) {
+        let pid_file = std::fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap();
+        let postmaster: i32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
+        let children = std::process::Command::new("pgrep")
+            .args(["-P", &postmaster.to_string()])
+            .output()
+            .unwrap();
+        let mut pids = vec![postmaster];
+        pids.extend(
+            String::from_utf8_lossy(&children.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok()),
+        );
+        for pid in pids {
+            // SAFETY: kill(2) on processes of this test's own server.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
+    /// `pg_ctl stop -m fast`: open transactions are rolled back, sessions are closed.
+    pub fn stop_fast(&self) {
+        as_nobody(
+            "pg_ctl",
+            &["-D", self.path("data"), "-w", "-m", "fast", "stop"],
+        );
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs a PostgreSQL tool as `nobody` (initdb refuses root).
+fn as_nobody(tool: &str, args: &[&str]) {
+    let tool = format!("{PG_BIN}/{tool}");
+    let mut all = vec!["-u", "nobody", "--", tool.as_str()];
+    all.extend_from_slice(args);
+    run("runuser", &all);
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("runuser")
+            .args(["-u", "nobody", "--", &format!("{PG_BIN}/pg_ctl"), "-D"])
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private JetStream cluster of `nats-server` nodes on loopback (routes between all of them,
+/// a store directory each). Nodes are killed when dropped.
+pub struct PrivateCluster {
+    nodes: Vec<ClusterNode>,
+}
+
+struct ClusterNode {
+    name: String,
+    port: u16,
+    route_port: u16,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateCluster {
+    /// Starts `n` nodes and waits until each accepts connections.
+    pub fn start(n: usize) -> PrivateCluster {
+        let tag = unique("cluster");
+        let nodes = (0..n)
+            .map(|i| ClusterNode {
+                name: format!("n{i}"),
+                port: free_port(),
+                route_port: free_port(),
+                dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-n{i}")),
+                child: None,
+            })
+            .collect();
+        let mut cluster = PrivateCluster { nodes };
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster
+    }
+
+    /// Every node's client URL, comma-separated (what `nats.url` takes).
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// (Re)starts node `i` on its ports and store.
+    pub fn start_node(&mut self, i: usize) {
+        let routes = self
+            .nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.route_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let node = &mut self.nodes[i];
+        let child = std::process::Command::new(NATS_SERVER.get())
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &node.port.to_string(),
+                "-n",
+                &node.name,
+            ])
+            .args(["-js", "--cluster_name", "idemhost-test"])
+            .arg("-cluster")
+            .arg(format!("nats://127.0.0.1:{}", node.route_port))
+            .args(["-routes", &routes, "-sd"])
+            .arg(&node.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        node.child = Some(child);
+        wait_accepting(node.port, "cluster node");
+    }
+
+    /// The index of the node called `name` (as stream info names a leader).
+    pub fn index_of(&self, name: &str) -> usize {
+        self.nodes.iter().position(|n| n.name == name).unwrap()
+    }
+
+    /// SIGKILLs node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` to node `i` (SIGSTOP / SIGCONT: a stalled node).
+    pub fn signal(&self, i: usize, signal: i32) {
+        if let Some(child) = &self.nodes[i].child {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.signal(i, libc::SIGCONT);
+            self.kill(i);
+            let _ = std::fs::remove_dir_all(&self.nodes[i].dir);
+        }
+    }
+}
