@@ -182,10 +182,13 @@ impl ConsumerConfig {
     pub fn durables(&self) -> Vec<String> {
         match self.partitions {
             0 => vec![self.durable_name()],
-            n => (0..n)
-                .map(|p| format!("{}-p{p}", self.durable_name()))
-                .collect(),
+            n => (0..n).map(|p| self.partition_durable(p)).collect(),
         }
+    }
+
+    /// The durable of partition `p` (`partitions`): `<durable>-p<p>`.
+    pub fn partition_durable(&self, p: u32) -> String {
+        format!("{}-p{p}", self.durable_name())
     }
 
     pub fn durable_name(&self) -> String {

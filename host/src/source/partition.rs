@@ -16,7 +16,7 @@
 //! same message wait, then see a duplicate. Concurrency is one delivery per partition: choose
 //! `partitions` for the parallelism wanted (every replica binds all of them).
 //!
-//! The pull requests ([`super::pull`]) carry the group and the pin id this replica was given,
+//! The pull requests ([`super::pulling`]) carry the group and the pin id this replica was given,
 //! by which the server recognizes it as the same client.
 
 use std::sync::{Arc, Mutex};
@@ -63,7 +63,7 @@ pub fn pin_timeout(pull_expires: Duration) -> Duration {
 
 /// The durable of partition `p`.
 pub fn durable(config: &ConsumerConfig, p: u32) -> String {
-    config.durables().swap_remove(p as usize)
+    config.partition_durable(p)
 }
 
 /// Makes `pull_config` the durable of partition `p`: its filter, its pinned priority group.

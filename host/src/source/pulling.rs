@@ -55,12 +55,22 @@ pub async fn pull(
         )
         .await?;
     let deadline = tokio::time::Instant::now() + expires + Duration::from_secs(2);
-    let (pin, context) = (pin.cloned(), js.clone());
-    let (stream, durable) = (stream.to_string(), durable.to_string());
-    let messages = futures::stream::unfold((sub, batch), move |(mut sub, left)| {
-        let (pin, context) = (pin.clone(), context.clone());
-        let (stream, durable) = (stream.clone(), durable.clone());
+    // What each step needs, made once per request and moved from step to step (the stream's
+    // state), not cloned per message.
+    let request = Request {
+        pin: pin.cloned(),
+        context: js.clone(),
+        stream: stream.to_string(),
+        durable: durable.to_string(),
+    };
+    let messages = futures::stream::unfold((sub, batch, request), move |(mut sub, left, r)| {
         async move {
+            let Request {
+                pin,
+                context,
+                stream,
+                durable,
+            } = &r;
             if left == 0 {
                 return None;
             }
@@ -74,20 +84,20 @@ pub async fn pull(
                     match message.status.unwrap_or(StatusCode::OK) {
                         StatusCode::IDLE_HEARTBEAT => continue,
                         StatusCode::PIN_ID_MISMATCH => {
-                            if let Some(pin) = &pin {
+                            if let Some(pin) = pin {
                                 pin.lost();
                             }
                             return None;
                         }
                         StatusCode::NO_RESPONDERS => {
                             let e = anyhow::anyhow!("no JetStream server answered the pull");
-                            return Some((Err(e), (sub, 0)));
+                            return Some((Err(e), (sub, 0, r)));
                         }
                         StatusCode::REQUEST_TERMINATED
                             if message.description.as_deref() == Some("Consumer Deleted") =>
                         {
                             let e = anyhow::anyhow!("the consumer was deleted");
-                            return Some((Err(e), (sub, 0)));
+                            return Some((Err(e), (sub, 0, r)));
                         }
                         // The ordinary ends of a request: nothing (left) to deliver.
                         StatusCode::NOT_FOUND
@@ -96,20 +106,31 @@ pub async fn pull(
                         other => {
                             // 400 (a bad request: an unknown priority group), 412, …: the
                             // consumer is not what the host bound; say so, the loop backs off.
-                            tracing::warn!(%durable, status = %other,
+                            tracing::warn!(durable = %durable, status = %other,
                                 description = message.description.as_deref().unwrap_or(""),
                                 "pull request refused");
                             return None;
                         }
                     }
                 }
-                if let Some(pin) = &pin {
-                    pin.adopt(&context, &stream, &durable).await;
+                if let Some(pin) = pin {
+                    pin.adopt(context, stream, durable).await;
                 }
-                let message = jetstream::Message { message, context };
-                return Some((Ok(message), (sub, left - 1)));
+                let message = jetstream::Message {
+                    message,
+                    context: context.clone(),
+                };
+                return Some((Ok(message), (sub, left - 1, r)));
             }
         }
     });
     Ok(messages.boxed())
+}
+
+/// One pull request's own state, carried from message to message.
+struct Request {
+    pin: Option<Pin>,
+    context: jetstream::Context,
+    stream: String,
+    durable: String,
 }
