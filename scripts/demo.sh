@@ -1,33 +1,55 @@
 #!/usr/bin/env bash
-# The order-flow demo, end to end against the local PostgreSQL and NATS: builds the plugins,
-# the host and the fake payment provider, migrates a fresh schema, seeds stock, runs the host
-# (five consumers, examples/order-flow/idemhost.toml) and the provider (its own process,
-# provider.toml), publishes a few orders — with a producer retry, a replay, a semantic
-# duplicate, one that cannot be served and a cancellation that arrives before its order —
-# then stops both with SIGTERM and prints, per order, the chain of effects, each delivery's
-# outcome, and the operator's view (marker + effect proof, marker growth, dead letters).
+# The order-flow demo, end to end: builds the plugins, the host and the fake payment provider,
+# migrates a fresh schema, seeds stock, runs the host (five consumers,
+# examples/order-flow/idemhost.toml) and the provider (its own process, provider.toml),
+# publishes a few orders — with a producer retry, a replay, a semantic duplicate, one that
+# cannot be served and a cancellation that arrives before its order — then stops both with
+# SIGTERM and prints, per order, the chain of effects, each delivery's outcome, and the
+# operator's view (marker + effect proof, marker growth, dead letters).
 #
 #   scripts/demo.sh
+#
+# PostgreSQL and NATS: the ones at IDEMHOST_POSTGRES__URL / IDEMHOST_NATS__URL when set, else
+# the ones answering at 127.0.0.1:5432 / 127.0.0.1:4222; where nothing answers, private servers
+# are started on free loopback ports for the demo and removed at its end, Ctrl-C included
+# (scripts/private-servers.sh says where their binaries come from).
+# IDEMHOST_DEMO_PREBUILT=DIR uses DIR/idemhost and DIR/examples/order_flow_provider and the plugins
+# already in plugins/dist instead of building (the test suite, which has built them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure-build-deps.sh
-export PGDATABASE=${PGDATABASE:-test} PGOPTIONS="-c client_min_messages=warning"
+export PGOPTIONS="-c client_min_messages=warning"
 CONFIG=examples/order-flow/idemhost.toml
 PROVIDER_CONFIG=examples/order-flow/provider.toml
 SCHEMA=order_demo
-NATS=${IDEMHOST_NATS__URL:-nats://127.0.0.1:4222}
 
-echo "== building the plugins, the host and the fake payment provider"
-scripts/build-plugins.sh
-cargo build --quiet -p idemhost --bin idemhost --example order_flow_provider
-TARGET=$(scripts/target-dir.sh)
-BIN=$TARGET/debug/idemhost
-PROVIDER=$TARGET/debug/examples/order_flow_provider
+source scripts/private-servers.sh
+cleanup() {
+  kill ${HOST:-} ${PROV:-} 2>/dev/null || true
+  servers_down
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+servers_up
+NATS=$IDEMHOST_NATS__URL
+
+if [ -n "${IDEMHOST_DEMO_PREBUILT:-}" ]; then
+  BIN=$IDEMHOST_DEMO_PREBUILT/idemhost
+  PROVIDER=$IDEMHOST_DEMO_PREBUILT/examples/order_flow_provider
+else
+  echo "== building the plugins, the host and the fake payment provider"
+  scripts/ensure-build-deps.sh
+  scripts/build-plugins.sh
+  cargo build --quiet -p idemhost --bin idemhost --example order_flow_provider
+  TARGET=$(scripts/target-dir.sh)
+  BIN=$TARGET/debug/idemhost
+  PROVIDER=$TARGET/debug/examples/order_flow_provider
+fi
 
 echo "== fresh schema $SCHEMA: host migrations, the example's tables, stock"
-psql -q -X -h 127.0.0.1 -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE"
+servers_psql -q -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE"
 "$BIN" migrate --config "$CONFIG"
-PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" psql -q -X -h 127.0.0.1 -v ON_ERROR_STOP=1 \
+PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" servers_psql -q -v ON_ERROR_STOP=1 \
   -f examples/order-flow/migrations/0001_inventory.sql \
   -f examples/order-flow/migrations/0002_order_flow.sql \
   -c "INSERT INTO inventory VALUES ('sku-1', 10, 0), ('sku-2', 10, 0), ('sku-3', 1, 0)"
@@ -40,7 +62,6 @@ wait_running() { # log
 }
 "$BIN" --log-format json run --config "$CONFIG" --no-migrate 2>"$LOG" &
 HOST=$!
-trap 'kill $HOST ${PROV:-} 2>/dev/null || true' EXIT
 # A cold start compiles the plugins (seconds for Python); later starts use the compile cache.
 wait_running "$LOG"
 "$PROVIDER" --config "$PROVIDER_CONFIG" 2>"$PLOG" &
@@ -68,14 +89,14 @@ pub --subject demo.orders.cancelled --event-type OrderCancelled --id "cancel-$ru
 sleep 0.5
 pub --subject demo.orders.placed --event-type OrderPlaced --id "evt-$run-4" "$(order o-4 sku-2 1)"
 
-psql_demo() { PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" psql -X -h 127.0.0.1 "$@"; }
+psql_demo() { PGOPTIONS="$PGOPTIONS -c search_path=$SCHEMA" servers_psql "$@"; }
 for _ in $(seq 300); do
   done_=$(psql_demo -tAc "SELECT (SELECT count(*) FROM notification) = 2 AND (SELECT count(*) FROM payment_attempt WHERE status = 'authorized') = 2 AND (SELECT count(*) FROM outbox_message) = 0")
   [ "$done_" = t ] && break
   sleep 0.1
 done
 sleep 1
-kill -TERM $HOST $PROV; wait $HOST; wait $PROV; trap - EXIT
+kill -TERM $HOST $PROV; wait $HOST; wait $PROV; HOST= PROV=
 
 echo "== per order: the chain of effects"
 psql_demo -c "

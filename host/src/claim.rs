@@ -181,6 +181,17 @@ pub struct Claimer {
     host_pool: PgPool,
     settings: ClaimSettings,
     wall: tokio::sync::OnceCell<Arc<Wall>>,
+    /// Set for a rehearsal (`idemhost plugin test`): record what the handler did, and roll
+    /// back where a delivery would commit unless told to commit.
+    rehearsal: Option<Rehearsal>,
+}
+
+/// How a rehearsal ends and where it records.
+#[derive(Clone)]
+pub(crate) struct Rehearsal {
+    pub(crate) trace: Arc<crate::txn::Trace>,
+    /// Commit as a delivery would (`plugin test --commit`); else roll back.
+    pub(crate) commit: bool,
 }
 
 /// Why an attempt did not commit.
@@ -271,7 +282,15 @@ impl Claimer {
             host_pool,
             settings,
             wall: tokio::sync::OnceCell::new(),
+            rehearsal: None,
         }
+    }
+
+    /// This claimer rehearses deliveries: see [`Rehearsal`]. Only the per-message path
+    /// ([`Claimer::process`]) rehearses; a group-commit batch always commits.
+    pub(crate) fn rehearsing(mut self, rehearsal: Rehearsal) -> Self {
+        self.rehearsal = Some(rehearsal);
+        self
     }
 
     /// The host key and function names, read once from the host's pool.
@@ -392,10 +411,9 @@ impl Claimer {
             }
         };
         if !claimed {
-            return tx
-                .commit_with(&wall.commit_sql)
+            return self
+                .finish(tx, &wall, Outcome::Duplicate)
                 .await
-                .map(|()| Outcome::Duplicate)
                 .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e));
         }
         let (tx, failure) = self
@@ -406,10 +424,19 @@ impl Claimer {
             return Err(failure);
         }
         failpoint::hit("before_commit");
-        tx.commit_with(&wall.commit_sql)
+        self.finish(tx, &wall, Outcome::Applied)
             .await
-            .map(|()| Outcome::Applied)
             .map_err(|e| AttemptFailure::db("failed to commit", &e))
+    }
+
+    /// Commits a transaction that reached `outcome` — or, in a rehearsal not told to commit,
+    /// rolls it back and reports the outcome the commit would have had.
+    async fn finish(&self, tx: Tx, wall: &Wall, outcome: Outcome) -> Result<Outcome, sqlx::Error> {
+        match &self.rehearsal {
+            Some(r) if !r.commit => tx.rollback_with(&wall.rollback_sql).await,
+            _ => tx.commit_with(&wall.commit_sql).await,
+        }
+        .map(|()| outcome)
     }
 
     /// Opens a transaction at the consumer's isolation, with the host's settings (see
@@ -490,7 +517,8 @@ impl Claimer {
             host_pool: self.host_pool.clone(),
             backend_pid,
         });
-        let handle = TxHandle::new(tx, origin, wall.clone(), deadline);
+        let trace = self.rehearsal.as_ref().map(|r| r.trace.clone());
+        let handle = TxHandle::new(tx, origin, wall.clone(), deadline).traced(trace);
         let started = Instant::now();
         let result = handler
             .handle(&handle, msg)

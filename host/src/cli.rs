@@ -13,6 +13,7 @@ pub use plugin::PluginCommand;
 
 mod ops;
 mod plugin;
+mod plugin_test;
 use crate::host::{Host, RunOptions};
 use crate::pg;
 
@@ -128,6 +129,12 @@ pub async fn execute(cli: Cli) -> anyhow::Result<u8> {
         Command::Dlq { command } => ops::dlq(command).await.map(|()| 0),
         Command::Outbox { command } => ops::outbox(command).await.map(|()| 0),
         Command::Consumer { command } => ops::consumer_command(command).await.map(|()| 0),
+        Command::Plugin {
+            command: PluginCommand::Test(args),
+        } => {
+            init_tracing_at(cli.log_format, "warn");
+            plugin_test::test(args).await
+        }
         command => execute_command(Cli { command, ..cli }).await.map(|()| 0),
     }
 }

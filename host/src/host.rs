@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use sqlx::PgPool;
 use tokio::sync::watch;
 use tracing::info;
 
 use crate::admin::{self, Readiness};
 use crate::claim::{ClaimSettings, Claimer};
-use crate::config::{Config, NatsConfig, PluginStoreKind};
+use crate::config::{Config, ConsumerConfig, NatsConfig, PluginStoreKind, PostgresConfig};
 use crate::handler::Handler;
 use crate::metrics::Metrics;
 use crate::pg;
@@ -221,9 +222,9 @@ impl Host {
 
         let mut runtimes = Vec::new();
         for c in &config.consumers {
-            let mut settings = ClaimSettings::for_consumer(c);
             let claimer = if native.contains_key(&c.name) {
                 // The embedding program's own (trusted) code: on the host's pool.
+                let mut settings = ClaimSettings::for_consumer(c);
                 settings.keep_connections = kept_connections(
                     c.max_in_flight,
                     total_in_flight,
@@ -231,22 +232,7 @@ impl Host {
                 );
                 Claimer::new(pool.clone(), settings)
             } else {
-                // A plugin: its own pool, logged in as its consumer's role (SECURITY.md).
-                let role = pg::wall::plugin_role(&config.postgres, c);
-                pg::wall::provision(&pool, c, &role).await?;
-                // With partitions every partition may have a delivery running.
-                let size = c.max_in_flight.max(c.partitions).max(1);
-                let plugin_pool = pg::wall::role_pool(
-                    &config.postgres,
-                    &failover,
-                    &role,
-                    c.role_password.as_deref(),
-                    size,
-                )
-                .await?;
-                settings.keep_connections = size as usize;
-                info!(consumer = %c.name, %role, connections = size, "plugin role ready");
-                Claimer::with_plugin_pool(pool.clone(), plugin_pool, settings)
+                plugin_claimer(&config.postgres, &pool, &failover, c).await?
             };
             let slot = registry
                 .slot(&c.name)
@@ -333,6 +319,31 @@ impl Host {
         info!("idemhost stopped");
         Ok(())
     }
+}
+
+/// The claimer of a consumer whose handler is a plugin: deliveries on a pool of its own,
+/// logged in as the consumer's role (provisioned first; SECURITY.md), the host's own
+/// statements on `pool`.
+pub(crate) async fn plugin_claimer(
+    postgres: &PostgresConfig,
+    pool: &PgPool,
+    failover: &Arc<pg::Failover>,
+    c: &ConsumerConfig,
+) -> anyhow::Result<Claimer> {
+    let role = pg::wall::plugin_role(postgres, c);
+    pg::wall::provision(pool, c, &role).await?;
+    // With partitions every partition may have a delivery running.
+    let size = c.max_in_flight.max(c.partitions).max(1);
+    let plugin_pool =
+        pg::wall::role_pool(postgres, failover, &role, c.role_password.as_deref(), size).await?;
+    let mut settings = ClaimSettings::for_consumer(c);
+    settings.keep_connections = size as usize;
+    info!(consumer = %c.name, %role, connections = size, "plugin role ready");
+    Ok(Claimer::with_plugin_pool(
+        pool.clone(),
+        plugin_pool,
+        settings,
+    ))
 }
 
 /// Pooled connections the host never lets consumers keep between deliveries: the outbox relay's

@@ -350,6 +350,8 @@ struct LogSink {
     digest: Arc<str>,
     lines: u32,
     dropped: u32,
+    /// A rehearsal's trace, which keeps the lines as well.
+    trace: Option<Arc<crate::txn::Trace>>,
 }
 
 /// What loading a plugin found and cost.
@@ -421,6 +423,7 @@ impl WasmHandler {
                 digest: self.digest.clone(),
                 lines: 0,
                 dropped: 0,
+                trace: None,
             },
             timed_out: false,
         };
@@ -480,17 +483,29 @@ impl WasmHandler {
 
     async fn call(&self, tx: &TxHandle, msg: &Message) -> Result<(), HandlerError> {
         let mut store = self.new_store(Driver::Tokio);
-        let result = self.instantiate_and_handle(&mut store, tx, msg).await;
+        store.data_mut().log.trace = tx.trace().cloned();
+        let mut took = CallTimes::default();
+        let result = self
+            .instantiate_and_handle(&mut store, tx, msg, &mut took)
+            .await;
         let state = store.data();
         if state.log.dropped > 0 {
             tracing::warn!(dropped = state.log.dropped, "plugin log lines dropped");
         }
-        match result {
+        let result = match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(wit::HandlerError::Retryable(r))) => Err(HandlerError::Retryable(r)),
             Ok(Err(wit::HandlerError::Terminal(r))) => Err(HandlerError::Terminal(r)),
             Err(trap) => Err(HandlerError::Retryable(self.describe_trap(&store, &trap))),
+        };
+        if let Some(trace) = tx.trace() {
+            let trap = match &result {
+                Err(HandlerError::Retryable(reason)) if took.trapped => Some(reason.clone()),
+                _ => None,
+            };
+            trace.call(took.instantiate, took.handle, trap, state.log.dropped);
         }
+        result
         // The store — instance, memories, the lent handle — is dropped here, whatever happened.
     }
 
@@ -499,10 +514,13 @@ impl WasmHandler {
         store: &mut Store<PluginState>,
         tx: &TxHandle,
         msg: &Message,
+        took: &mut CallTimes,
     ) -> wasmtime::Result<Result<(), wit::HandlerError>> {
         let started = Instant::now();
+        took.trapped = true;
         let instance = self.pre.instantiate_async(&mut *store).await?;
         let instantiated = Instant::now();
+        took.instantiate = Some(instantiated - started);
         self.timings.instantiate.record(instantiated - started);
         let handle: Resource<TxHandle> = store.data_mut().table.push(tx.clone())?;
         let wit_msg = wit::Message {
@@ -518,10 +536,21 @@ impl WasmHandler {
             .idemhost_consumer_handling()
             .call_handle(&mut *store, rep, &wit_msg)
             .await;
+        took.handle = Some(instantiated.elapsed());
         self.timings.handle.record(instantiated.elapsed());
         store.data_mut().table.delete(handle)?;
+        took.trapped = result.is_err();
         result
     }
+}
+
+/// Where one call's time went, and whether it ended in a trap (rather than the plugin's own
+/// answer).
+#[derive(Default)]
+struct CallTimes {
+    instantiate: Option<Duration>,
+    handle: Option<Duration>,
+    trapped: bool,
 }
 
 /// One line saying what went wrong: the trap's reason (`wasm \`unreachable\` instruction

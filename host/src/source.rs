@@ -29,6 +29,7 @@ mod settle;
 pub use headers::header;
 pub use headers::message_id;
 use ordering::{KeySpec, KeyedQueues};
+pub(crate) use settle::{Refused, read_message};
 
 /// Header read before the configured id header: set by dead-letter replays, which must carry
 /// the original id while publishing under a fresh broker-level id.

@@ -12,6 +12,10 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+mod trace;
+
+pub use trace::{Published, Statement, StatementResult, TRACED_ROWS, Trace, Traced};
+
 use crate::outbox::{self, Origin};
 use crate::pg::{self, FailureKind, Tx, Wall};
 use crate::sql_gate::{self, SqlValue};
@@ -49,6 +53,8 @@ pub struct TxHandle {
     origin: Arc<Origin>,
     wall: Arc<Wall>,
     deadline: Option<Deadline>,
+    /// Where a rehearsal (`idemhost plugin test`) records what the plugin did.
+    trace: Option<Arc<Trace>>,
 }
 
 /// Error of a handle call. `Refused` and `Database` are data for the handler (and fail the
@@ -74,7 +80,19 @@ impl TxHandle {
             origin: Arc::new(origin),
             wall,
             deadline,
+            trace: None,
         }
+    }
+
+    /// Records every statement, publish and log line of this delivery in `trace`.
+    pub(crate) fn traced(mut self, trace: Option<Arc<Trace>>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// The trace this delivery records into, if it is a rehearsal.
+    pub(crate) fn trace(&self) -> Option<&Arc<Trace>> {
+        self.trace.as_ref()
     }
 
     /// A refusal: returned to the handler, and the attempt fails.
@@ -122,6 +140,24 @@ impl TxHandle {
         headers: &[(String, String)],
         payload: &[u8],
     ) -> Result<(), TxError> {
+        let result = self.publish_untraced(subject, headers, payload).await;
+        if let Some(trace) = &self.trace {
+            trace.published(Published {
+                subject: subject.to_string(),
+                headers: headers.to_vec(),
+                payload: payload.to_vec(),
+                refused: result.as_ref().err().map(ToString::to_string),
+            });
+        }
+        result
+    }
+
+    async fn publish_untraced(
+        &self,
+        subject: &str,
+        headers: &[(String, String)],
+        payload: &[u8],
+    ) -> Result<(), TxError> {
         let headers = match outbox::event_headers(&self.origin, subject, headers, payload) {
             Ok(h) => h,
             Err(reason) => return self.refuse(reason).await,
@@ -147,6 +183,24 @@ impl TxHandle {
 
     /// Runs one statement; returns the rows it affected.
     pub async fn execute(&self, sql: &str, params: &[SqlValue]) -> Result<u64, TxError> {
+        let Some(trace) = &self.trace else {
+            return self.execute_untraced(sql, params).await;
+        };
+        let started = std::time::Instant::now();
+        let result = self.execute_untraced(sql, params).await;
+        trace.statement(Statement {
+            sql: sql.to_string(),
+            params: params.to_vec(),
+            result: match &result {
+                Ok(n) => StatementResult::Affected(*n),
+                Err(e) => StatementResult::Error(e.to_string()),
+            },
+            elapsed: started.elapsed(),
+        });
+        result
+    }
+
+    async fn execute_untraced(&self, sql: &str, params: &[SqlValue]) -> Result<u64, TxError> {
         let args = match sql_gate::check(sql).and_then(|()| sql_gate::bind(params)) {
             Ok(args) => args,
             Err(reason) => return self.refuse(reason).await,
@@ -167,6 +221,31 @@ impl TxHandle {
     /// Runs one statement; returns its rows (bounded by [`sql_gate::MAX_ROWS`] rows and
     /// [`sql_gate::MAX_RESULT_BYTES`] bytes; past either bound the attempt fails).
     pub async fn query(
+        &self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Vec<Vec<SqlValue>>, TxError> {
+        let Some(trace) = &self.trace else {
+            return self.query_untraced(sql, params).await;
+        };
+        let started = std::time::Instant::now();
+        let result = self.query_untraced(sql, params).await;
+        trace.statement(Statement {
+            sql: sql.to_string(),
+            params: params.to_vec(),
+            result: match &result {
+                Ok(rows) => StatementResult::Rows {
+                    rows: rows.iter().take(TRACED_ROWS).cloned().collect(),
+                    total: rows.len(),
+                },
+                Err(e) => StatementResult::Error(e.to_string()),
+            },
+            elapsed: started.elapsed(),
+        });
+        result
+    }
+
+    async fn query_untraced(
         &self,
         sql: &str,
         params: &[SqlValue],

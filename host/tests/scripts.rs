@@ -98,3 +98,58 @@ fn no_script_spells_a_cargo_output_path() {
     }
     assert!(found.is_empty(), "{found:#?}");
 }
+
+/// A newcomer's machine: nothing listens at PostgreSQL's or NATS's address (a network namespace
+/// with only loopback up). `scripts/demo.sh` starts private servers from the pinned PyPI wheels
+/// (what a machine without Debian's packages gets), runs the whole order flow against them and
+/// removes them at the end. Needs root (`unshare -n`), as CI has.
+#[test]
+fn the_demo_runs_where_no_server_answers() {
+    // Fetched outside the namespace: inside it there is no network.
+    let fetched = Command::new("bash")
+        .arg("scripts/servers.sh")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        fetched.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fetched.stderr)
+    );
+    // The binaries this test run built (target/<profile>/idemhost and its examples/).
+    let built = Path::new(env!("CARGO_BIN_EXE_idemhost")).parent().unwrap();
+    let out = Command::new("unshare")
+        .args([
+            "-n",
+            "bash",
+            "-c",
+            "ip link set lo up && exec scripts/demo.sh",
+        ])
+        .current_dir(root())
+        .env("IDEMHOST_DEMO_PREBUILT", built)
+        .env("IDEMHOST_SERVERS_FROM", "pypi")
+        .env_remove("IDEMHOST_POSTGRES__URL")
+        .env_remove("IDEMHOST_NATS__URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for expected in [
+        "started a private PostgreSQL (",
+        "started a private NATS (",
+        ".cache/servers/",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} missing:\n{stdout}");
+    }
+    // The order flow ran: two orders notified, the unservable one dead-lettered.
+    let notified = stdout.lines().filter(|l| l.contains("| sent ")).count();
+    assert_eq!(notified, 2, "{stdout}");
+    assert!(stdout.contains("dead letter"), "{stdout}");
+    // And the servers are gone with their data.
+    let removed = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("== stopped the private servers and removed "))
+        .unwrap_or_else(|| panic!("servers not stopped:\n{stdout}"));
+    assert!(!Path::new(removed.trim()).exists(), "{removed} left behind");
+}

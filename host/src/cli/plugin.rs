@@ -37,6 +37,12 @@ pub enum PluginCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Run one message through a component exactly as a delivery would — the consumer's
+    /// limits, role and SQL gate, the claim included — against the configured PostgreSQL, then
+    /// roll back. Prints each statement with its parameters and result, the plugin's log lines,
+    /// the outbox events it would publish, the outcome and the timings. Exit status: 0 applied,
+    /// 3 duplicate, 4 retryable, 5 terminal, 6 trap (1: the command failed).
+    Test(super::plugin_test::TestArgs),
     /// Show each consumer's current plugin version and history.
     List {
         /// Only this consumer (with `--store nats`).
@@ -167,6 +173,7 @@ pub async fn execute(command: PluginCommand) -> anyhow::Result<()> {
                 }
             }
         }
+        PluginCommand::Test(_) => unreachable!("handled by cli::execute: it has an exit status"),
     }
 }
 

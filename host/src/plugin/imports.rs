@@ -127,6 +127,9 @@ impl logging::Host for PluginState {
             }
             message.truncate(cut);
         }
+        if let Some(trace) = &sink.trace {
+            trace.log(&level, &message);
+        }
         let digest = &*sink.digest;
         match level.as_str() {
             "error" => tracing::error!(target: "idemhost::plugin", plugin = digest, "{message}"),

@@ -15,6 +15,7 @@ use super::{
     FAILURE_REASON_HEADER, ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER, header, message_id,
 };
 use crate::claim::{Outcome, Processed};
+use crate::config::ConsumerConfig;
 use crate::failpoint;
 use crate::handler::Message;
 
@@ -184,33 +185,15 @@ impl ConsumerRuntime {
             span.record("payload_bytes", msg.message.payload.len());
             span.record("payload_sha256", format!("{digest:x}"));
         }
-        let too_big = (msg.message.payload.len() as u64 > self.config.max_payload.0).then(|| {
-            format!(
-                "payload is {} bytes, over the consumer's max_payload of {} bytes",
-                msg.message.payload.len(),
-                self.config.max_payload.0
-            )
-        });
-        let checked = match (id, too_big) {
-            (Ok(id), None) => Ok(Message {
-                id,
-                subject: msg.message.subject.to_string(),
-                event_type,
-                headers: flatten(&headers),
-                payload: msg.message.payload.clone(),
-                delivery_attempt: attempt,
-            }),
-            (Ok(id), Some(reason)) => Err(Refused {
-                id: Some(id),
-                event_type,
-                reason,
-            }),
-            (Err(reason), _) => Err(Refused {
-                id: None,
-                event_type,
-                reason,
-            }),
-        };
+        let checked = read_message(
+            &self.config,
+            id,
+            event_type,
+            &headers,
+            &msg.message.subject,
+            msg.message.payload.clone(),
+            attempt,
+        );
         Prepared {
             attempt,
             stream_seq,
@@ -456,10 +439,51 @@ struct Prepared {
 
 /// Why a delivery is refused before any transaction, with its valid id (if any) and event
 /// type, as `prepare` read them.
-struct Refused {
-    id: Option<String>,
+pub(crate) struct Refused {
+    pub(crate) id: Option<String>,
+    pub(crate) event_type: Option<String>,
+    pub(crate) reason: String,
+}
+
+/// The message a handler gets from a delivery's parts — or why it is refused before any
+/// transaction (an invalid id: `id` as [`message_id`] read it; a payload over `max_payload`).
+/// One place for the rules, which `idemhost plugin test` applies to its message too.
+pub(crate) fn read_message(
+    config: &ConsumerConfig,
+    id: Result<String, String>,
     event_type: Option<String>,
-    reason: String,
+    headers: &async_nats::HeaderMap,
+    subject: &str,
+    payload: bytes::Bytes,
+    attempt: u32,
+) -> Result<Message, Refused> {
+    let too_big = (payload.len() as u64 > config.max_payload.0).then(|| {
+        format!(
+            "payload is {} bytes, over the consumer's max_payload of {} bytes",
+            payload.len(),
+            config.max_payload.0
+        )
+    });
+    match (id, too_big) {
+        (Ok(id), None) => Ok(Message {
+            id,
+            subject: subject.to_string(),
+            event_type,
+            headers: flatten(headers),
+            payload,
+            delivery_attempt: attempt,
+        }),
+        (Ok(id), Some(reason)) => Err(Refused {
+            id: Some(id),
+            event_type,
+            reason,
+        }),
+        (Err(reason), _) => Err(Refused {
+            id: None,
+            event_type,
+            reason,
+        }),
+    }
 }
 
 /// A processed delivery about to be settled with the broker.

@@ -1,0 +1,108 @@
+//! What one delivery did, recorded for `idemhost plugin test`: each statement the plugin ran
+//! with its parameters and result, its log lines, the events it published through the outbox,
+//! and where the time went. Only a rehearsal attaches a [`Trace`]; deliveries of a running host
+//! record nothing.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::sql_gate::SqlValue;
+
+/// Rows of a query's result kept in the trace; the count says how many there were.
+pub const TRACED_ROWS: usize = 20;
+
+/// The record of one delivery, filled in as it runs.
+#[derive(Debug, Default)]
+pub struct Trace {
+    inner: Mutex<Traced>,
+}
+
+/// What a [`Trace`] holds.
+#[derive(Debug, Default, Clone)]
+pub struct Traced {
+    /// The plugin's statements in the order it ran them (the host's own are not included).
+    pub statements: Vec<Statement>,
+    /// Log lines the plugin kept (after the per-delivery cap), and how many were dropped.
+    pub logs: Vec<(String, String)>,
+    pub logs_dropped: u32,
+    /// Outbox events, in the order published (refused ones included, with the refusal).
+    pub published: Vec<Published>,
+    /// Creating the instance, and the `handle` call.
+    pub instantiate: Option<Duration>,
+    pub handle: Option<Duration>,
+    /// The trap or interruption that ended the call, if one did.
+    pub trap: Option<String>,
+}
+
+/// One statement the plugin sent through the transaction handle.
+#[derive(Debug, Clone)]
+pub struct Statement {
+    pub sql: String,
+    pub params: Vec<SqlValue>,
+    pub result: StatementResult,
+    pub elapsed: Duration,
+}
+
+/// What a statement came back with.
+#[derive(Debug, Clone)]
+pub enum StatementResult {
+    /// `execute`: rows affected.
+    Affected(u64),
+    /// `query`: the first [`TRACED_ROWS`] rows, and how many there were.
+    Rows {
+        rows: Vec<Vec<SqlValue>>,
+        total: usize,
+    },
+    /// A refusal by the host or an error from PostgreSQL, as the plugin saw it.
+    Error(String),
+}
+
+/// One event published through the outbox.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub subject: String,
+    pub headers: Vec<(String, String)>,
+    pub payload: Vec<u8>,
+    /// Why the host refused it, when it did.
+    pub refused: Option<String>,
+}
+
+impl Trace {
+    fn with<T>(&self, f: impl FnOnce(&mut Traced) -> T) -> T {
+        // A panic while recording leaves a partial trace, still worth showing.
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut guard)
+    }
+
+    pub(crate) fn statement(&self, statement: Statement) {
+        self.with(|t| t.statements.push(statement));
+    }
+
+    pub(crate) fn published(&self, event: Published) {
+        self.with(|t| t.published.push(event));
+    }
+
+    pub(crate) fn log(&self, level: &str, message: &str) {
+        self.with(|t| t.logs.push((level.to_string(), message.to_string())));
+    }
+
+    pub(crate) fn call(
+        &self,
+        instantiate: Option<Duration>,
+        handle: Option<Duration>,
+        trap: Option<String>,
+        logs_dropped: u32,
+    ) {
+        self.with(|t| {
+            t.instantiate = instantiate;
+            t.handle = handle;
+            t.trap = trap;
+            t.logs_dropped = logs_dropped;
+        });
+    }
+
+    /// A copy of what was recorded so far.
+    pub fn snapshot(&self) -> Traced {
+        self.with(|t| t.clone())
+    }
+}
