@@ -13,6 +13,7 @@ pub use plugin::PluginCommand;
 
 mod ops;
 mod plugin;
+mod plugin_new;
 mod plugin_test;
 use crate::host::{Host, RunOptions};
 use crate::pg;

@@ -43,6 +43,25 @@ pub enum PluginCommand {
     /// the outbox events it would publish, the outcome and the timings. Exit status: 0 applied,
     /// 3 duplicate, 4 retryable, 5 terminal, 6 trap (1: the command failed).
     Test(super::plugin_test::TestArgs),
+    /// Start a plugin project from the templates: the handler, the WIT, a development config
+    /// (`idemhost.toml`), its table (`schema.sql`) and a sample message. Prints the loop's
+    /// commands.
+    New {
+        #[arg(long, value_enum)]
+        lang: super::plugin_new::Lang,
+        /// The plugin's name (the consumer's, in the development config).
+        name: String,
+        /// Where to create it (default: ./NAME); must not exist or be empty.
+        dir: Option<PathBuf>,
+    },
+    /// Build a plugin project (any of the four languages) into `plugin.wasm`, installing its
+    /// language's pinned toolchain on first use (into IDEMHOST_TOOLCHAIN_DIR, default
+    /// ~/.cache/idemhost/toolchain).
+    Build {
+        /// The project (default: the current directory).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
     /// Show each consumer's current plugin version and history.
     List {
         /// Only this consumer (with `--store nats`).
@@ -174,6 +193,22 @@ pub async fn execute(command: PluginCommand) -> anyhow::Result<()> {
             }
         }
         PluginCommand::Test(_) => unreachable!("handled by cli::execute: it has an exit status"),
+        PluginCommand::New { lang, name, dir } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            print!("{}", super::plugin_new::new(lang, &name, &dir)?);
+            Ok(())
+        }
+        PluginCommand::Build { dir } => {
+            let out = tokio::task::spawn_blocking(move || super::plugin_new::build(&dir)).await??;
+            let h = check(&out, 64 << 20)?;
+            println!(
+                "built {} ({}, {} bytes)",
+                out.display(),
+                h.digest(),
+                h.size()
+            );
+            Ok(())
+        }
     }
 }
 

@@ -350,6 +350,14 @@ pub async fn wait_ready(admin: &str, timeout: Duration) {
     .await;
 }
 
+/// The repository's root (the scripts' working directory).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
 /// Path of a built guest plugin (`scripts/build-plugins.sh` builds them).
 pub fn plugin_path(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
