@@ -30,6 +30,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# Before the servers: a fresh machine gets Python (the server wheels) here too.
+[ -n "${IDEMHOST_DEMO_PREBUILT:-}" ] || scripts/ensure-build-deps.sh
 servers_up
 NATS=$IDEMHOST_NATS__URL
 
@@ -38,7 +40,6 @@ if [ -n "${IDEMHOST_DEMO_PREBUILT:-}" ]; then
   PROVIDER=$IDEMHOST_DEMO_PREBUILT/examples/order_flow_provider
 else
   echo "== building the plugins, the host and the fake payment provider"
-  scripts/ensure-build-deps.sh
   scripts/build-plugins.sh
   cargo build --quiet -p idemhost --bin idemhost --example order_flow_provider
   TARGET=$(scripts/target-dir.sh)

