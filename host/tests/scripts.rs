@@ -150,3 +150,64 @@ fn the_demo_runs_where_no_server_answers() {
         .unwrap_or_else(|| panic!("servers not stopped:\n{stdout}"));
     assert!(!Path::new(removed.trim()).exists(), "{removed} left behind");
 }
+
+/// Ctrl-C in the middle of the demo (SIGINT to its whole process group, as a terminal sends
+/// it): the private servers are stopped and their directory removed.
+#[test]
+fn ctrl_c_stops_the_demos_private_servers() {
+    use std::os::unix::process::CommandExt as _;
+    let built = Path::new(env!("CARGO_BIN_EXE_idemhost")).parent().unwrap();
+    let log = scratch("demo-interrupted").join("demo.log");
+    let mut demo = Command::new("unshare")
+        .args([
+            "-n",
+            "bash",
+            "-c",
+            "ip link set lo up && exec scripts/demo.sh",
+        ])
+        .current_dir(root())
+        .env("IDEMHOST_DEMO_PREBUILT", built)
+        .env_remove("IDEMHOST_POSTGRES__URL")
+        .env_remove("IDEMHOST_NATS__URL")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    while !read().contains("== publishing") {
+        assert!(std::time::Instant::now() < deadline, "{}", read());
+        assert!(
+            demo.try_wait().unwrap().is_none(),
+            "the demo ended early: {}",
+            read()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let group = format!("-{}", demo.id());
+    assert!(
+        Command::new("kill")
+            .args(["-INT", "--", &group])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = demo.wait().unwrap();
+    let text = read();
+    assert_eq!(status.code(), Some(130), "{text}");
+    let dir = text
+        .lines()
+        .find_map(|l| l.strip_prefix("== stopped the private servers and removed "))
+        .unwrap_or_else(|| panic!("servers not stopped:\n{text}"))
+        .trim()
+        .to_string();
+    assert!(!Path::new(&dir).exists(), "{dir} left behind");
+    // No server still runs on that directory.
+    let left = Command::new("pgrep").args(["-f", &dir]).output().unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
