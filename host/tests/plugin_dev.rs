@@ -389,3 +389,42 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
     }
     env.cleanup().await;
 }
+
+/// Without `--config`: the defaults (environment overrides applied) and a consumer named after
+/// the file — here a retryable outcome, exit status 4.
+#[tokio::test]
+async fn plugin_test_without_a_config_runs_as_a_consumer_named_after_the_file() {
+    let env = TestEnv::new("plugin_test_noconfig").await;
+    let out = Command::new(BIN)
+        .args(["plugin", "test"])
+        .arg(plugin_path("template-rust"))
+        .args([
+            "--payload",
+            "/dev/null",
+            "--event-type",
+            "conformance.retry",
+            "--json",
+        ])
+        .env("IDEMHOST_POSTGRES__URL", PG_URL.get())
+        .env("IDEMHOST_POSTGRES__SCHEMA", &env.schema)
+        .env_remove("IDEMHOST_CONFIG")
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(
+        (
+            out.status.code(),
+            r["outcome"].as_str(),
+            r["consumer"].as_str()
+        ),
+        (Some(4), Some("retryable"), Some("template-rust")),
+        "{r:#}"
+    );
+    assert_eq!(r["reason"], "conformance: retry requested", "{r:#}");
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM processed_message").await,
+        0
+    );
+    env.cleanup().await;
+}

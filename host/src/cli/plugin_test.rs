@@ -47,8 +47,9 @@ pub struct TestArgs {
     #[arg(long, default_value_t = 1)]
     attempt: u32,
     /// The host's config: PostgreSQL, schema, and the consumer's limits, grants and role.
-    /// Without it: the defaults (`IDEMHOST_*` variables apply), a consumer named after the
-    /// file with no table grants.
+    /// Without it: PostgreSQL at postgres://root@127.0.0.1:5432/test, the defaults
+    /// (`IDEMHOST_*` variables apply, e.g. IDEMHOST_POSTGRES__URL), and a consumer named after
+    /// the file with no table grants.
     #[arg(long, env = "IDEMHOST_CONFIG")]
     config: Option<PathBuf>,
     /// Which configured consumer to run as (needed when the config has several).
@@ -62,6 +63,9 @@ pub struct TestArgs {
     #[arg(long)]
     json: bool,
 }
+
+/// PostgreSQL when there is no `--config` (the demo's and the tests' server).
+const DEFAULT_POSTGRES_URL: &str = "postgres://root@127.0.0.1:5432/test";
 
 /// Exit statuses by outcome (1 is an error of the command itself, 2 a usage error).
 pub const EXIT_APPLIED: u8 = 0;
@@ -138,7 +142,10 @@ fn consumer_of(args: &TestArgs) -> anyhow::Result<(Config, ConsumerConfig)> {
                 "subjects".into(),
                 vec![toml::Value::from("plugin.test")].into(),
             );
+            let mut postgres = toml::Table::new();
+            postgres.insert("url".into(), DEFAULT_POSTGRES_URL.into());
             let mut table = toml::Table::new();
+            table.insert("postgres".into(), toml::Value::Table(postgres));
             table.insert("consumer".into(), vec![toml::Value::Table(consumer)].into());
             let text = toml::to_string(&table)?;
             Config::from_toml(
