@@ -428,3 +428,56 @@ async fn plugin_test_without_a_config_runs_as_a_consumer_named_after_the_file() 
     );
     env.cleanup().await;
 }
+
+/// A hostile plugin's output reaches the developer's terminal: escape sequences in its log
+/// lines, outbox subject and headers are shown as spaces, and a statement loop is kept to the
+/// trace's bound (the rest counted).
+#[tokio::test]
+async fn plugin_test_shows_hostile_plugin_output_safely_and_bounded() {
+    let env = TestEnv::new("plugin_test_hostile").await;
+    let dir = scratch("plugin-test-hostile");
+    let plugin = plugin_path("testkit");
+    let config = write_config(&dir, &env, "hostile", &plugin, "publish_subjects = [\">\"]");
+    let esc = "\u{1b}]0;owned\u{7}\u{1b}[2J\u{9b}31m";
+    let mut steps: Vec<Value> = (0..1100)
+        .map(|_| serde_json::json!({"query": "SELECT 1"}))
+        .collect();
+    steps.push(serde_json::json!({"log": format!("log {esc}"), "times": 1}));
+    steps.push(serde_json::json!({
+        "publish": format!("demo.{esc}"), "payload": format!("payload {esc}"),
+        "headers": [[format!("X-{esc}"), format!("value {esc}")]],
+    }));
+    let payload = serde_json::json!({ "steps": steps }).to_string();
+    let out = Command::new(BIN)
+        .args(["plugin", "test"])
+        .arg(&plugin)
+        .arg("--config")
+        .arg(&config)
+        .args(["--payload", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(payload.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("SQL: 1000 statements, 100 more not kept"),
+        "{text}"
+    );
+    assert!(text.contains("log "), "{text}");
+    assert!(text.contains("REFUSED"), "{text}");
+    let controls: Vec<char> = text
+        .chars()
+        .filter(|c| c.is_control() && *c != '\n')
+        .collect();
+    assert!(
+        controls.is_empty(),
+        "control characters reached the terminal: {controls:?}"
+    );
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    env.cleanup().await;
+}

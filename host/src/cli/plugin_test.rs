@@ -341,17 +341,18 @@ impl Report<'_> {
                 out,
                 "message   id {:?}, subject {}, event type {}, attempt {}, {} bytes",
                 m.id,
-                m.subject,
-                m.event_type.as_deref().unwrap_or("-"),
+                one_line(&m.subject, 200),
+                one_line(m.event_type.as_deref().unwrap_or("-"), 200),
                 m.delivery_attempt,
                 m.payload.len()
             );
         }
         let _ = writeln!(
             out,
-            "\nSQL: {} statement{}",
+            "\nSQL: {} statement{}{}",
             t.statements.len(),
-            plural(t.statements.len())
+            plural(t.statements.len()),
+            dropped(t.statements_dropped)
         );
         for (i, s) in t.statements.iter().enumerate() {
             let _ = writeln!(out, "  {}. {}", i + 1, one_line(&s.sql, 400));
@@ -383,30 +384,27 @@ impl Report<'_> {
             "\nlog: {} line{}{}",
             t.logs.len(),
             plural(t.logs.len()),
-            if t.logs_dropped > 0 {
-                format!(", {} dropped", t.logs_dropped)
-            } else {
-                String::new()
-            }
+            dropped(t.logs_dropped as usize)
         );
         for (level, line) in &t.logs {
-            let _ = writeln!(out, "  {level:<5} {}", one_line(line, 400));
+            let _ = writeln!(out, "  {:<5} {}", one_line(level, 16), one_line(line, 400));
         }
         let _ = writeln!(
             out,
-            "\noutbox: {} event{} (never published by this command)",
+            "\noutbox: {} event{}{} (never published by this command)",
             t.published.len(),
-            plural(t.published.len())
+            plural(t.published.len()),
+            dropped(t.published_dropped)
         );
         for e in &t.published {
             let _ = writeln!(
                 out,
                 "  {} {}",
-                e.subject,
+                one_line(&e.subject, 200),
                 one_line(&String::from_utf8_lossy(&e.payload), 200)
             );
             for (k, v) in &e.headers {
-                let _ = writeln!(out, "     {k}: {}", one_line(v, 200));
+                let _ = writeln!(out, "     {}: {}", one_line(k, 100), one_line(v, 200));
             }
             if let Some(r) = &e.refused {
                 let _ = writeln!(out, "     REFUSED {}", one_line(r, 400));
@@ -478,12 +476,14 @@ impl Report<'_> {
                 "headers": m.headers, "payload_bytes": m.payload.len(), "attempt": m.delivery_attempt,
             })),
             "statements": statements,
+            "statements_dropped": t.statements_dropped,
             "logs": t.logs.iter().map(|(l, m)| json!({"level": l, "message": m})).collect::<Vec<_>>(),
             "logs_dropped": t.logs_dropped,
             "outbox": t.published.iter().map(|e| json!({
                 "subject": e.subject, "headers": e.headers,
                 "payload": String::from_utf8_lossy(&e.payload), "refused": e.refused,
             })).collect::<Vec<_>>(),
+            "outbox_dropped": t.published_dropped,
             "outcome": outcome,
             "reason": reason,
             "committed": processed.is_some_and(|p| p.outcome.committed()) && self.committed,
@@ -496,6 +496,15 @@ impl Report<'_> {
             },
             "tx_attempts": processed.map(|p| p.tx_attempts),
         })
+    }
+}
+
+/// `, N more not kept` when some were dropped.
+fn dropped(n: usize) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(", {n} more not kept")
     }
 }
 

@@ -10,6 +10,13 @@ use crate::sql_gate::SqlValue;
 
 /// Rows of a query's result kept in the trace; the count says how many there were.
 pub const TRACED_ROWS: usize = 20;
+/// Statements and publishes kept; the rest are counted. A plugin is hostile to the developer's
+/// terminal and memory too: it may run statements with large parameters in a loop until its
+/// deadline.
+pub const TRACED_STATEMENTS: usize = 1000;
+pub const TRACED_PUBLISHES: usize = 100;
+/// Bytes of one text, JSON or bytes value (a parameter, a cell, a payload) kept.
+pub const TRACED_VALUE_BYTES: usize = 4096;
 
 /// The record of one delivery, filled in as it runs.
 #[derive(Debug, Default)]
@@ -20,13 +27,17 @@ pub struct Trace {
 /// What a [`Trace`] holds.
 #[derive(Debug, Default, Clone)]
 pub struct Traced {
-    /// The plugin's statements in the order it ran them (the host's own are not included).
+    /// The plugin's statements in the order it ran them (the host's own are not included),
+    /// the first [`TRACED_STATEMENTS`]; and how many more there were.
     pub statements: Vec<Statement>,
+    pub statements_dropped: usize,
     /// Log lines the plugin kept (after the per-delivery cap), and how many were dropped.
     pub logs: Vec<(String, String)>,
     pub logs_dropped: u32,
-    /// Outbox events, in the order published (refused ones included, with the refusal).
+    /// Outbox events, in the order published (refused ones included, with the refusal), the
+    /// first [`TRACED_PUBLISHES`]; and how many more there were.
     pub published: Vec<Published>,
+    pub published_dropped: usize,
     /// Creating the instance, and the `handle` call.
     pub instantiate: Option<Duration>,
     pub handle: Option<Duration>,
@@ -74,12 +85,29 @@ impl Trace {
         f(&mut guard)
     }
 
-    pub(crate) fn statement(&self, statement: Statement) {
-        self.with(|t| t.statements.push(statement));
+    pub(crate) fn statement(&self, mut statement: Statement) {
+        self.with(|t| {
+            if t.statements.len() >= TRACED_STATEMENTS {
+                t.statements_dropped += 1;
+                return;
+            }
+            statement.params.iter_mut().for_each(clip);
+            if let StatementResult::Rows { rows, .. } = &mut statement.result {
+                rows.iter_mut().flatten().for_each(clip);
+            }
+            t.statements.push(statement);
+        });
     }
 
-    pub(crate) fn published(&self, event: Published) {
-        self.with(|t| t.published.push(event));
+    pub(crate) fn published(&self, mut event: Published) {
+        self.with(|t| {
+            if t.published.len() >= TRACED_PUBLISHES {
+                t.published_dropped += 1;
+                return;
+            }
+            event.payload.truncate(TRACED_VALUE_BYTES);
+            t.published.push(event);
+        });
     }
 
     pub(crate) fn log(&self, level: &str, message: &str) {
@@ -104,5 +132,20 @@ impl Trace {
     /// A copy of what was recorded so far.
     pub fn snapshot(&self) -> Traced {
         self.with(|t| t.clone())
+    }
+}
+
+/// Cuts a long value to [`TRACED_VALUE_BYTES`] (at a character boundary).
+fn clip(v: &mut SqlValue) {
+    match v {
+        SqlValue::Text(s) | SqlValue::Json(s) if s.len() > TRACED_VALUE_BYTES => {
+            let mut cut = TRACED_VALUE_BYTES;
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            s.truncate(cut);
+        }
+        SqlValue::Bytes(b) => b.truncate(TRACED_VALUE_BYTES),
+        _ => {}
     }
 }
