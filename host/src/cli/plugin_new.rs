@@ -387,7 +387,17 @@ fn python_tools() -> anyhow::Result<PathBuf> {
     let marker = py.join(".requirements.sha256");
     if !stamped(&marker, PY_REQUIREMENTS) {
         eprintln!("== installing the Python toolchain into {}", py.display());
-        let _ = std::fs::remove_dir_all(&py);
+        // Replaced only when it is a virtual environment (ours, out of date): a directory of
+        // the same name that is something else is not deleted.
+        if py.exists() {
+            if !py.join("pyvenv.cfg").is_file() {
+                bail!(
+                    "{} exists and is not a Python virtual environment: set IDEMHOST_TOOLCHAIN_DIR elsewhere",
+                    py.display()
+                );
+            }
+            std::fs::remove_dir_all(&py)?;
+        }
         run(Command::new("python3").args(["-m", "venv"]).arg(&py))?;
         let req = py.join("requirements.txt");
         std::fs::write(&req, PY_REQUIREMENTS)?;
@@ -414,6 +424,15 @@ fn js_tools() -> anyhow::Result<PathBuf> {
             "== installing the JavaScript toolchain into {}",
             js.display()
         );
+        // `npm ci` replaces node_modules: only in a directory that is empty or ours.
+        let ours = js.join("package.json").is_file()
+            || std::fs::read_dir(&js).map_or(true, |mut d| d.next().is_none());
+        if !ours {
+            bail!(
+                "{} exists and is not an idemhost toolchain: set IDEMHOST_TOOLCHAIN_DIR elsewhere",
+                js.display()
+            );
+        }
         std::fs::create_dir_all(&js)?;
         std::fs::write(js.join("package.json"), JS_PACKAGE)?;
         std::fs::write(js.join("package-lock.json"), JS_LOCK)?;

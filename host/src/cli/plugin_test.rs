@@ -17,7 +17,7 @@ use crate::claim::{Outcome, Processed, Rehearsal};
 use crate::config::{Config, ConsumerConfig};
 use crate::handler::Message;
 use crate::pg;
-use crate::plugin::{PluginLimits, PluginRuntime, WasmHandler};
+use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing, WasmHandler};
 use crate::source::{EVENT_TYPE_HEADER, Refused, message_id, read_message};
 use crate::sql_gate::SqlValue;
 use crate::txn::{StatementResult, Trace, Traced};
@@ -62,6 +62,10 @@ pub struct TestArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Do not apply the host's migrations first (as `run --no-migrate`); the schema must then
+    /// be current.
+    #[arg(long)]
+    no_migrate: bool,
 }
 
 /// PostgreSQL when there is no `--config` (the demo's and the tests' server).
@@ -82,8 +86,11 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
     let msg = message(&args, &consumer, payload);
 
     let (pool, failover) = pg::connect_following(&config.postgres, 2).await?;
-    // As `idemhost run` does: the marker table and the host's functions must be there.
-    pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
+    // As `idemhost run` does (these, and the role's provisioning below, are committed: they
+    // are the host's set-up, not the delivery).
+    if !args.no_migrate {
+        pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
+    }
     let trace = Arc::new(Trace::default());
     let ran = match &msg {
         Ok(msg) => {
@@ -197,7 +204,14 @@ fn read_payload(source: &str) -> anyhow::Result<Vec<u8>> {
 
 /// Loads the component as the host would for this consumer: its limits, the compile cache.
 fn load(config: &Config, consumer: &ConsumerConfig, file: &Path) -> anyhow::Result<WasmHandler> {
-    let mut runtime = PluginRuntime::new()?;
+    // The host sizes its instance pool by the largest `memory_limit`: this consumer's here.
+    let mut runtime = PluginRuntime::with_pool(PoolSizing {
+        // The host's smallest pool: a language runtime's component holds several core
+        // instances.
+        instances: 8,
+        max_memory: consumer.memory_limit.0 as usize,
+        keep_resident: config.plugins.keep_resident.0 as usize,
+    })?;
     if let Some(dir) = config.host.compile_cache_dir() {
         let _ = runtime.set_compile_cache(Some(&dir));
     }
@@ -227,6 +241,14 @@ fn message(
         headers.insert(EVENT_TYPE_HEADER, t.as_str());
     }
     for (k, v) in &args.headers {
+        // NATS never delivers a header with a line break in it.
+        if k.chars().chain(v.chars()).any(char::is_control) {
+            return Err(Refused {
+                id: None,
+                event_type: None,
+                reason: format!("header {k:?} holds a control character"),
+            });
+        }
         headers.append(k.as_str(), v.as_str());
     }
     let subject = args.subject.clone().unwrap_or_else(|| {
@@ -521,12 +543,19 @@ fn one_line(text: &str, max: usize) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat: String = flat
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if shown_as_space(c) { ' ' } else { c })
         .collect();
     match flat.char_indices().nth(max) {
         Some((cut, _)) => format!("{}…", &flat[..cut]),
         None => flat,
     }
+}
+
+/// Characters a terminal would act on, or that reorder or hide text: controls, bidirectional
+/// overrides and isolates, zero-width characters, the byte-order mark.
+fn shown_as_space(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{061c}' | '\u{feff}')
 }
 
 /// A value as a reader of the report sees it (long text and bytes cut).

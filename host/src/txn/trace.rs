@@ -15,8 +15,10 @@ pub const TRACED_ROWS: usize = 20;
 /// deadline.
 pub const TRACED_STATEMENTS: usize = 1000;
 pub const TRACED_PUBLISHES: usize = 100;
-/// Bytes of one text, JSON or bytes value (a parameter, a cell, a payload) kept.
+/// Bytes of one text kept (SQL, a parameter, a cell, a payload, a subject, a header, an error).
 pub const TRACED_VALUE_BYTES: usize = 4096;
+/// Parameters of one statement, and headers of one event, kept.
+pub const TRACED_ITEMS: usize = 100;
 
 /// The record of one delivery, filled in as it runs.
 #[derive(Debug, Default)]
@@ -85,33 +87,72 @@ impl Trace {
         f(&mut guard)
     }
 
-    pub(crate) fn statement(&self, mut statement: Statement) {
+    /// Records a statement; what it holds is cut to the trace's bounds first (a refused
+    /// statement may be any size).
+    pub(crate) fn statement(
+        &self,
+        sql: &str,
+        params: &[SqlValue],
+        result: StatementResult,
+        elapsed: Duration,
+    ) {
         self.with(|t| {
             if t.statements.len() >= TRACED_STATEMENTS {
                 t.statements_dropped += 1;
                 return;
             }
-            statement.params.iter_mut().for_each(clip);
-            if let StatementResult::Rows { rows, .. } = &mut statement.result {
-                rows.iter_mut().flatten().for_each(clip);
+            let mut result = result;
+            match &mut result {
+                StatementResult::Rows { rows, .. } => rows.iter_mut().flatten().for_each(clip),
+                StatementResult::Error(e) => *e = clipped(e),
+                StatementResult::Affected(_) => {}
             }
-            t.statements.push(statement);
+            let mut params: Vec<SqlValue> = params.iter().take(TRACED_ITEMS).cloned().collect();
+            params.iter_mut().for_each(clip);
+            t.statements.push(Statement {
+                sql: clipped(sql),
+                params,
+                result,
+                elapsed,
+            });
         });
     }
 
-    pub(crate) fn published(&self, mut event: Published) {
+    /// Records an event published through the outbox, cut to the trace's bounds.
+    pub(crate) fn published(
+        &self,
+        subject: &str,
+        headers: &[(String, String)],
+        payload: &[u8],
+        refused: Option<String>,
+    ) {
         self.with(|t| {
             if t.published.len() >= TRACED_PUBLISHES {
                 t.published_dropped += 1;
                 return;
             }
-            event.payload.truncate(TRACED_VALUE_BYTES);
-            t.published.push(event);
+            t.published.push(Published {
+                subject: clipped(subject),
+                headers: headers
+                    .iter()
+                    .take(TRACED_ITEMS)
+                    .map(|(k, v)| (clipped(k), clipped(v)))
+                    .collect(),
+                payload: payload[..payload.len().min(TRACED_VALUE_BYTES)].to_vec(),
+                refused: refused.as_deref().map(clipped),
+            });
         });
     }
 
+    /// Records a log line the plugin kept (the message is already cut to the host's limit).
     pub(crate) fn log(&self, level: &str, message: &str) {
-        self.with(|t| t.logs.push((level.to_string(), message.to_string())));
+        self.with(|t| t.logs.push((clipped_to(level, 16), message.to_string())));
+    }
+
+    /// Starts over for another transaction attempt (after a serialization failure or a
+    /// deadlock): the report shows what the last attempt did, not the rolled-back ones too.
+    pub(crate) fn new_attempt(&self) {
+        self.with(|t| *t = Traced::default());
     }
 
     pub(crate) fn call(
@@ -135,17 +176,24 @@ impl Trace {
     }
 }
 
-/// Cuts a long value to [`TRACED_VALUE_BYTES`] (at a character boundary).
+/// Cuts a long value to [`TRACED_VALUE_BYTES`].
 fn clip(v: &mut SqlValue) {
     match v {
-        SqlValue::Text(s) | SqlValue::Json(s) if s.len() > TRACED_VALUE_BYTES => {
-            let mut cut = TRACED_VALUE_BYTES;
-            while !s.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            s.truncate(cut);
-        }
+        SqlValue::Text(s) | SqlValue::Json(s) if s.len() > TRACED_VALUE_BYTES => *s = clipped(s),
         SqlValue::Bytes(b) => b.truncate(TRACED_VALUE_BYTES),
         _ => {}
     }
+}
+
+/// The first [`TRACED_VALUE_BYTES`] of `text` (at a character boundary), copied.
+fn clipped(text: &str) -> String {
+    clipped_to(text, TRACED_VALUE_BYTES)
+}
+
+fn clipped_to(text: &str, max: usize) -> String {
+    let mut cut = text.len().min(max);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].to_string()
 }
