@@ -28,6 +28,7 @@ use crate::txn::TxHandle;
 
 mod latency;
 mod peers;
+mod targets;
 
 const CONSUMER: &str = "inventory-reservation-v1";
 const STREAM: &str = "IDEMHOST_BENCH";
@@ -234,9 +235,23 @@ fn report(
             "wasm_over_native": ratio(w, n), "batch_over_best_pgbench": ratio(b, best_pgbench),
         }));
     }
+    // The targets are read at 16 in flight, or the largest concurrency of this run.
+    let at = if o.concurrency.contains(&16) {
+        16
+    } else {
+        o.concurrency.iter().copied().max().unwrap_or(16)
+    };
+    let targets = targets::report(&targets::Inputs {
+        runs,
+        at,
+        pgbench_at: pgbench.get(&at).copied(),
+        pgbench_best: best_pgbench,
+        node_at: node.get(&at).copied(),
+        p99_ms: latency.as_ref().and_then(|l| l["p99_ms"].as_f64()),
+    });
     serde_json::json!({
         "n": o.n, "duplicates": o.duplicates, "batch_max": o.batch_max,
-        "runs": runs, "rows": rows, "latency": latency, "memory": rss,
+        "runs": runs, "rows": rows, "targets": targets, "latency": latency, "memory": rss,
         "peak_rss_mib": peak_rss_mib(),
     })
 }
