@@ -79,24 +79,37 @@ servers_pg() {
   fi
 }
 
-# A private PostgreSQL (superuser `root`, trust, database `test`): SERVERS_PG_URL.
+# A private PostgreSQL with database `test`: SERVERS_PG_URL (with the password),
+# SERVERS_PG_SHOWN (without). Its superuser `root` has a random password over TCP, so another
+# local user cannot connect as it (a superuser runs programs on the server); the roles the host
+# provisions for plugins (no password, only their grants) and the socket, in the data directory
+# (0700), are trusted.
 servers_start_postgres() {
-  local port data
+  local port data password
   servers_workdir
   port=$(servers_free_port)
   data=$SERVERS_DIR/pg
   mkdir -p "$data"
-  # Only the data directory is nobody's: the programs, logs and NATS store beside it stay root's.
-  if [ "$(id -u)" = 0 ]; then chown nobody:nogroup "$data"; fi
-  servers_pg initdb -D "$data" -A trust -U root --no-sync >"$SERVERS_DIR/initdb.log" 2>&1 \
+  password=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+  (umask 077 && echo "$password" >"$SERVERS_DIR/pw")
+  # Only the data directory (and the password file initdb reads) are nobody's: the programs,
+  # logs and NATS store beside them stay root's.
+  if [ "$(id -u)" = 0 ]; then chown nobody:nogroup "$data" "$SERVERS_DIR/pw"; fi
+  servers_pg initdb -D "$data" -U root --auth-local=trust --auth-host=scram-sha-256 \
+    --pwfile="$SERVERS_DIR/pw" --no-sync >"$SERVERS_DIR/initdb.log" 2>&1 \
     || { cat "$SERVERS_DIR/initdb.log" >&2; return 1; }
+  rm -f "$SERVERS_DIR/pw"
+  printf '%s\n' "local all all trust" "host all root 127.0.0.1/32 scram-sha-256" \
+    "host all all 127.0.0.1/32 trust" >"$data/pg_hba.conf"
   # Known before the start: an interrupted or failed start is stopped by servers_down too.
   SERVERS_PG_DATA=$data
   servers_pg pg_ctl -D "$data" -w -l "$data/server.log" \
     -o "-p $port -h 127.0.0.1 -k $data -c fsync=off" start >/dev/null \
     || { cat "$data/server.log" >&2; return 1; }
-  servers_pg createdb -h 127.0.0.1 -p "$port" -U root test
-  SERVERS_PG_URL="postgres://root@127.0.0.1:$port/test"
+  servers_pg createdb -h "$data" -p "$port" -U root test
+  SERVERS_PG_URL="postgres://root:$password@127.0.0.1:$port/test"
+  SERVERS_PG_SHOWN="postgres://root@127.0.0.1:$port/test"
+  SERVERS_PG_PASSWORD=$password
   echo "== started a private PostgreSQL ($SERVERS_PG_BIN) at 127.0.0.1:$port, data in $data"
 }
 
@@ -154,8 +167,15 @@ servers_up() {
   fi
 }
 
-# psql against the server in use.
-servers_psql() { "$SERVERS_PSQL" -X "$IDEMHOST_POSTGRES__URL" "$@"; }
+# psql against the server in use (a private server's password in the environment, not on the
+# command line, where every local user sees it).
+servers_psql() {
+  if [ -n "${SERVERS_PG_PASSWORD:-}" ]; then
+    PGPASSWORD=$SERVERS_PG_PASSWORD "$SERVERS_PSQL" -X "$SERVERS_PG_SHOWN" "$@"
+  else
+    "$SERVERS_PSQL" -X "$IDEMHOST_POSTGRES__URL" "$@"
+  fi
+}
 
 servers_down() {
   [ -n "$SERVERS_DIR" ] || return 0

@@ -214,3 +214,36 @@ fn ctrl_c_stops_the_demos_private_servers() {
         String::from_utf8_lossy(&left.stdout)
     );
 }
+
+/// The private PostgreSQL of the demo and the server matrix: over TCP its superuser needs the
+/// random password (another local user could otherwise connect as a superuser, which runs
+/// programs on the server), while a role without a password, as the host provisions for
+/// plugins, logs in.
+#[test]
+fn the_private_postgres_superuser_needs_its_password_over_tcp() {
+    let script = r#"
+        set -euo pipefail
+        source scripts/private-servers.sh
+        trap servers_down EXIT
+        servers_find_binaries
+        servers_start_postgres >/dev/null
+        psql=$SERVERS_PG_BIN/psql
+        if PGPASSWORD= PGCONNECT_TIMEOUT=5 "$psql" -X -w -c 'SELECT 1' "$SERVERS_PG_SHOWN" >/dev/null 2>&1; then
+          echo "superuser without password: accepted"; exit 1
+        fi
+        "$psql" -X -q -c 'CREATE ROLE plugin_like LOGIN' "$SERVERS_PG_URL"
+        "$psql" -X -At -c 'SELECT current_user' "${SERVERS_PG_SHOWN/root@/plugin_like@}"
+    "#;
+    let out = Command::new("bash")
+        .args(["-c", script])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("plugin_like"), "{stdout}");
+}
