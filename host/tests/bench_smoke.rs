@@ -10,25 +10,20 @@ use common::*;
 
 #[test]
 fn bench_smoke_runs_every_mode_and_verifies_each() {
-    let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
-        .args([
-            "bench",
-            "--smoke",
-            "--database",
-            "idemhost_bench_smoke",
-            "--duplicates",
-            "0.2",
-        ])
-        .arg("--plugin")
-        .arg(plugin_path("inventory"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(env!("CARGO_BIN_EXE_idemhost"))
+            .args([
+                "bench",
+                "--smoke",
+                "--database",
+                "idemhost_bench_smoke",
+                "--duplicates",
+                "0.2",
+            ])
+            .arg("--plugin")
+            .arg(plugin_path("inventory")),
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
     let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     let modes: Vec<&str> = report["runs"]
         .as_array()

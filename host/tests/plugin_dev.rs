@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -279,17 +279,6 @@ async fn plugin_test_shows_outbox_events_and_commits_only_when_told() {
         "{r:#}"
     );
     env.cleanup().await;
-}
-
-fn run_ok(command: &mut Command) -> Output {
-    let out = command.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{command:?}\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 #[tokio::test]

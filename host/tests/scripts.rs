@@ -8,7 +8,7 @@ use std::process::Command;
 
 mod common;
 
-use common::repo_root as root;
+use common::{repo_root as root, run_ok};
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("idemhost-scripts-{tag}-{}", std::process::id()));
@@ -234,16 +234,11 @@ fn the_private_postgres_superuser_needs_its_password_over_tcp() {
         "$psql" -X -q -c 'CREATE ROLE plugin_like LOGIN' "$SERVERS_PG_URL"
         "$psql" -X -At -c 'SELECT current_user' "${SERVERS_PG_SHOWN/root@/plugin_like@}"
     "#;
-    let out = Command::new("bash")
-        .args(["-c", script])
-        .current_dir(root())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new("bash")
+            .args(["-c", script])
+            .current_dir(root()),
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("plugin_like"), "{stdout}");
 }

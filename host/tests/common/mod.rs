@@ -350,6 +350,18 @@ pub async fn wait_ready(admin: &str, timeout: Duration) {
     .await;
 }
 
+/// Runs `command` to its end; panics with its output unless it succeeded.
+pub fn run_ok(command: &mut std::process::Command) -> std::process::Output {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The repository's root (the scripts' working directory).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
