@@ -60,6 +60,10 @@ pub struct BenchOptions {
     /// `batch_max` of the group-commit runs (0: skip them; at most 64).
     #[arg(long, default_value_t = 50)]
     pub batch_max: u32,
+    /// `batch_linger` of the group-commit runs (`0s`: a group starts as soon as a transaction
+    /// is free).
+    #[arg(long, default_value = "2ms")]
+    pub batch_linger: String,
     /// Seconds of each pgbench run (0: skip pgbench).
     #[arg(long, default_value_t = 10)]
     pub pgbench_seconds: u32,
@@ -473,9 +477,10 @@ async fn drain(
         // (many would mostly deadlock one another on the shared SKUs; 4 at 16 measured best
         // here, 10,445 msg/s against 2 transactions' 6,000–7,200).
         "batch" => format!(
-            "max_in_flight = {}\nbatch_max = {}\n",
+            "max_in_flight = {}\nbatch_max = {}\nbatch_linger = \"{}\"\n",
             batch_transactions(c),
-            o.batch_max
+            o.batch_max,
+            o.batch_linger
         ),
         _ => format!("max_in_flight = {c}\n"),
     };

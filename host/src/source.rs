@@ -49,6 +49,29 @@ struct Gathering {
     until: Option<tokio::time::Instant>,
 }
 
+impl Gathering {
+    /// The gathered deliveries; the gathering starts over.
+    fn take(&mut self) -> Vec<(jetstream::Message, OwnedSemaphorePermit)> {
+        self.until = None;
+        std::mem::take(&mut self.group)
+    }
+
+    /// Whether the group should start as soon as a transaction slot is free: it is full, or
+    /// its first delivery has waited `batch_linger`. Until a slot is free it keeps gathering
+    /// (up to `batch_max`), so under load batches grow and at low load each delivery starts
+    /// at once (with `batch_linger = 0`).
+    fn due(&self, batch_max: usize) -> bool {
+        !self.group.is_empty()
+            && (self.group.len() >= batch_max
+                || self.until.is_some_and(|u| u <= tokio::time::Instant::now()))
+    }
+
+    /// Whether the group is waiting out its linger (not full, time not up).
+    fn lingering(&self, batch_max: usize) -> bool {
+        self.group.len() < batch_max && self.until.is_some_and(|u| u > tokio::time::Instant::now())
+    }
+}
+
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
@@ -369,13 +392,22 @@ impl ConsumerRuntime {
                         .until
                         .unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
                 );
+                let due = gathering.due(batch_max);
+                let lingering = gathering.lingering(batch_max);
+                let room = gathering.group.len() < batch_max;
+                // In this order: a due group takes a free slot before more is gathered.
                 let next = tokio::select! {
-                    n = batch.next() => n,
-                    _ = linger, if gathering.until.is_some() => {
-                        self.start_batch(&mut tasks, &slots, &mut gathering);
+                    biased;
+                    _ = shutdown.changed() => break 'pull,
+                    slot = slots.clone().acquire_owned(), if due => {
+                        if let Ok(slot) = slot {
+                            let group = gathering.take();
+                            tasks.spawn(self.clone().settle_batch(slot, group));
+                        }
                         continue;
                     }
-                    _ = shutdown.changed() => break 'pull,
+                    n = batch.next(), if room => n,
+                    _ = linger, if lingering => continue,
                 };
                 match next {
                     Some(Ok(msg)) => {
@@ -391,9 +423,6 @@ impl ConsumerRuntime {
                             if gathering.group.len() == 1 {
                                 gathering.until =
                                     Some(tokio::time::Instant::now() + self.config.batch_linger.0);
-                            }
-                            if gathering.group.len() >= batch_max {
-                                self.start_batch(&mut tasks, &slots, &mut gathering);
                             }
                             continue;
                         }
@@ -491,10 +520,14 @@ impl ConsumerRuntime {
         slots: &Arc<Semaphore>,
         gathering: &mut Gathering,
     ) {
-        gathering.until = None;
-        if !gathering.group.is_empty() {
-            let group = std::mem::take(&mut gathering.group);
-            tasks.spawn(self.clone().settle_batch(slots.clone(), group));
+        let group = gathering.take();
+        if !group.is_empty() {
+            let (this, slots) = (self.clone(), slots.clone());
+            tasks.spawn(async move {
+                if let Ok(slot) = slots.acquire_owned().await {
+                    this.settle_batch(slot, group).await;
+                }
+            });
         }
     }
 

@@ -249,3 +249,63 @@ async fn batches_through_nats_apply_once_and_dead_letter_failures() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// Transactions that inserted this consumer's markers: rows a transaction inserts share its
+/// `xmin`.
+async fn marker_transactions(env: &TestEnv, consumer: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(DISTINCT xmin::text) FROM processed_message WHERE consumer_name = $1",
+    )
+    .bind(consumer)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap()
+}
+
+/// `batch_linger = "0s"` with one transaction at a time: at low load each delivery commits
+/// alone, as soon as it arrives; when deliveries arrive faster than transactions finish, the
+/// next group takes everything gathered meanwhile (up to `batch_max`), instead of many small
+/// groups queueing for the one transaction. (Counted by `xmin`: rows one transaction
+/// inserted share it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_with_no_linger_adapts_to_the_load() {
+    let env = TestEnv::new("batch_adaptive").await;
+    let nats = NatsEnv::new("batch_adaptive", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "testkit",
+        "max_in_flight = 1\nbatch_max = 50\nbatch_linger = \"0s\"",
+    )));
+    // Each delivery holds its transaction 20 ms.
+    let slow = r#"{"steps":[{"query":"SELECT pg_sleep(0.02)"}]}"#;
+    // Low load: one at a time, each waited for.
+    for i in 0..5 {
+        nats.publish(Some(&format!("calm-{i}")), slow).await;
+        wait_until(Duration::from_secs(30), "the calm delivery", || async {
+            (env.markers(CONSUMER).await == i + 1).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(marker_transactions(&env, CONSUMER).await, 5, "each alone");
+    // A stream faster than the transactions: 100 deliveries 3 ms apart, each holding the one
+    // transaction 20 ms (2 s of handler time arriving over 0.3 s). Gathering only while no
+    // transaction is free, a group takes what came in during the one before; groups formed
+    // as deliveries arrive would each wait for the transaction alone.
+    for i in 0..100 {
+        nats.publish(Some(&format!("busy-{i}")), slow).await;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    nats.wait_drained(CONSUMER, Duration::from_secs(120)).await;
+    assert_eq!(env.markers(CONSUMER).await, 105);
+    let busy = marker_transactions(&env, CONSUMER).await - 5;
+    eprintln!("100 deliveries under load committed in {busy} transactions");
+    assert!(
+        busy <= 20,
+        "{busy} transactions for 100 deliveries under load (groups did not grow)"
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::headers::{flatten, header_safe, traceparent};
@@ -24,16 +24,14 @@ use crate::handler::Message;
 pub(super) type Lease = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 
 impl ConsumerRuntime {
-    /// Group commit: handles `group` in one transaction (see [`Claimer::process_batch`]) and
-    /// settles each delivery with the broker after the commit, as `settle` would have.
+    /// Group commit: handles `group` in one transaction (see [`Claimer::process_batch`]) on the
+    /// transaction `slot` it was given, and settles each delivery with the broker after the
+    /// commit, as `settle` would have.
     pub(super) async fn settle_batch(
         self: Arc<Self>,
-        slots: Arc<Semaphore>,
+        slot: OwnedSemaphorePermit,
         group: Vec<(jetstream::Message, OwnedSemaphorePermit)>,
     ) {
-        let Ok(slot) = slots.acquire_owned().await else {
-            return;
-        };
         let (pulled, credits): (Vec<_>, Vec<_>) = group.into_iter().unzip();
         let mut ready = Vec::with_capacity(pulled.len());
         let mut messages = Vec::with_capacity(pulled.len());
