@@ -483,3 +483,34 @@ async fn plugin_test_runs_under_the_consumers_memory_limit() {
     assert_eq!((code, r["outcome"].as_str()), (0, Some("applied")), "{r:#}");
     env.cleanup().await;
 }
+
+/// A hostile plugin run through `plugin test` by an operator whose config logs the host in as a
+/// superuser (as here): the rehearsal runs on the consumer's own role, like a delivery, so the
+/// plugin cannot use the operator's session (a superuser reads `pg_authid`, the password
+/// hashes; the plugin's role is denied).
+#[tokio::test]
+async fn plugin_test_runs_the_plugin_as_its_role_not_as_the_operator() {
+    let env = TestEnv::new("plugin_test_role").await;
+    let dir = scratch("plugin-test-role");
+    let plugin = plugin_path("testkit");
+    let config = write_config(&dir, &env, "curious", &plugin, "");
+    let steps = r#"{"keep_going": true, "steps": [
+        {"query": "SELECT current_user::text, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"},
+        {"query": "SELECT count(*) FROM pg_authid"}
+    ]}"#;
+    let (_, r) = plugin_test(&plugin, &config, steps, &[]);
+    let who = &r["statements"][0]["rows"][0];
+    assert_eq!(who[0], r["role"], "{r:#}");
+    assert_ne!(who[0], "root", "{r:#}");
+    assert_eq!(who[1], false, "the plugin ran as a superuser: {r:#}");
+    let read = &r["statements"][1];
+    assert!(read["rows"].is_null(), "the role read pg_authid: {r:#}");
+    assert!(
+        read["error"]
+            .as_str()
+            .unwrap()
+            .contains("permission denied"),
+        "{r:#}"
+    );
+    env.cleanup().await;
+}
