@@ -288,12 +288,6 @@ fn transient_failure(e: &jetstream::context::PublishError) -> bool {
 
 /// `reason`, cut to [`MAX_ERROR_BYTES`] on a character boundary.
 fn truncated(mut reason: String) -> String {
-    if reason.len() > MAX_ERROR_BYTES {
-        let mut end = MAX_ERROR_BYTES;
-        while !reason.is_char_boundary(end) {
-            end -= 1;
-        }
-        reason.truncate(end);
-    }
+    reason.truncate(reason.floor_char_boundary(MAX_ERROR_BYTES));
     reason
 }

@@ -120,13 +120,7 @@ impl logging::Host for PluginState {
         }
         sink.lines += 1;
         let mut message = message;
-        if message.len() > MAX_LOG_LINE_BYTES {
-            let mut cut = MAX_LOG_LINE_BYTES;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
+        message.truncate(message.floor_char_boundary(MAX_LOG_LINE_BYTES));
         if let Some(trace) = &sink.trace {
             trace.log(&level, &message);
         }

@@ -53,13 +53,7 @@ pub(super) fn header_safe(reason: &str) -> String {
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    if s.len() > MAX_REASON_BYTES {
-        let mut cut = MAX_REASON_BYTES;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
+    s.truncate(s.floor_char_boundary(MAX_REASON_BYTES));
     s
 }
 

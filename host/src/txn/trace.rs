@@ -179,7 +179,9 @@ impl Trace {
 /// Cuts a long value to [`TRACED_VALUE_BYTES`].
 fn clip(v: &mut SqlValue) {
     match v {
-        SqlValue::Text(s) | SqlValue::Json(s) if s.len() > TRACED_VALUE_BYTES => *s = clipped(s),
+        SqlValue::Text(s) | SqlValue::Json(s) => {
+            s.truncate(s.floor_char_boundary(TRACED_VALUE_BYTES))
+        }
         SqlValue::Bytes(b) => b.truncate(TRACED_VALUE_BYTES),
         _ => {}
     }
@@ -191,9 +193,5 @@ fn clipped(text: &str) -> String {
 }
 
 fn clipped_to(text: &str, max: usize) -> String {
-    let mut cut = text.len().min(max);
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    text[..cut].to_string()
+    text[..text.floor_char_boundary(max)].to_string()
 }
