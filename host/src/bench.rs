@@ -38,8 +38,14 @@ const SKUS: usize = 1000;
 /// What `idemhost bench` runs.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
-    /// PostgreSQL server; the bench uses (and creates) database `--database` on it.
-    #[arg(long, default_value = "postgres://root@127.0.0.1:5432/postgres")]
+    /// PostgreSQL server; the bench uses (and creates) database `--database` on it. The host,
+    /// pgbench and the Node consumer all connect with this URL: without TLS by default, as the
+    /// seed's Node consumer connects (with `sslmode=prefer`, libpq's and sqlx's default, a
+    /// server with `ssl = on` would encrypt the host's and pgbench's loopback traffic only).
+    #[arg(
+        long,
+        default_value = "postgres://root@127.0.0.1:5432/postgres?sslmode=disable"
+    )]
     pub pg_url: String,
     #[arg(long, default_value = "idemhost_bench")]
     pub database: String,
@@ -57,12 +63,20 @@ pub struct BenchOptions {
     /// The inventory component.
     #[arg(long, default_value = "plugins/dist/inventory.wasm")]
     pub plugin: PathBuf,
-    /// `batch_max` of the group-commit runs (0: skip them; at most 64).
-    #[arg(long, default_value_t = 50)]
+    /// `batch_max` of the group-commit runs (0: skip them; at most 64). With the other
+    /// `--batch-*` defaults the run is adaptive group commit at `c` transactions: what a
+    /// consumer gets with `batch_max = 16` and `batch_linger = "0s"` beside `max_in_flight = c`.
+    #[arg(long, default_value_t = 16)]
     pub batch_max: u32,
+    /// `max_in_flight` (transactions) of the group-commit runs (0: the concurrency of the run).
+    #[arg(long, default_value_t = 0)]
+    pub batch_in_flight: u32,
+    /// The host runs to make at each concurrency, of `wasm`, `native` and `batch`.
+    #[arg(long, value_delimiter = ',', default_value = "wasm,native,batch")]
+    pub modes: Vec<String>,
     /// `batch_linger` of the group-commit runs (`0s`: a group starts as soon as a transaction
     /// is free).
-    #[arg(long, default_value = "2ms")]
+    #[arg(long, default_value = "0s")]
     pub batch_linger: String,
     /// Seconds of each pgbench run (0: skip pgbench).
     #[arg(long, default_value_t = 10)]
@@ -88,6 +102,9 @@ pub struct HostRun {
     pub distinct: usize,
     pub per_second: f64,
     pub cpu_us_per_msg: f64,
+    /// Context switches of the bench process per delivery (voluntary: a thread went to sleep
+    /// waiting for a reply or a wake-up; involuntary: it was preempted).
+    pub switches_per_msg: f64,
 }
 
 /// Runs the whole bench; prints a table and returns the final JSON report.
@@ -138,13 +155,18 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
             ["native", "wasm", "batch"]
         };
         for mode in order {
-            if mode == "batch" && o.batch_max < 2 {
+            if (mode == "batch" && o.batch_max < 2) || !o.modes.iter().any(|m| m == mode) {
                 continue;
             }
             let run = drain(&o, &db_url, &js, mode, c).await?;
             println!(
-                "{:<7} c={c:<3} {:>8.0} msg/s  cpu {:>5.0} µs/msg  ({} events, {} distinct: markers and effects verified)",
-                run.mode, run.per_second, run.cpu_us_per_msg, run.n, run.distinct
+                "{:<7} c={c:<3} {:>8.0} msg/s  cpu {:>5.0} µs/msg  {:>4.1} switches/msg  ({} events, {} distinct: markers and effects verified)",
+                run.mode,
+                run.per_second,
+                run.cpu_us_per_msg,
+                run.switches_per_msg,
+                run.n,
+                run.distinct
             );
             runs.push(run);
         }
@@ -171,13 +193,27 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
             }
         }
     }
+    // The paced run: the default configuration (per message, WASM) at half its peak.
     let peak = runs
         .iter()
         .filter(|r| r.mode == "wasm")
         .map(|r| r.per_second)
         .fold(0.0, f64::max);
     let latency = if o.latency_seconds > 0 && peak > 0.0 {
-        Some(latency::paced(&o, &db_url, &client, &js, top, peak / 2.0).await?)
+        let settings = mode_config(&o, "wasm", top);
+        Some(
+            latency::paced(
+                &o,
+                &db_url,
+                &client,
+                &js,
+                top,
+                peak / 2.0,
+                "wasm",
+                &settings,
+            )
+            .await?,
+        )
     } else {
         None
     };
@@ -213,8 +249,14 @@ fn report(
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
     println!();
     println!(
-        "| c | wasm msg/s | native msg/s | batch msg/s ({} per tx; ⌈c/4⌉ tx) | pgbench tps | node msg/s | wasm/pgbench | wasm/node | wasm/native | batch/best pgbench |",
-        o.batch_max
+        "| c | wasm msg/s | native msg/s | group commit msg/s (WASM; {}) | pgbench tps | node msg/s | wasm/pgbench | wasm/node | wasm/native | group commit/best pgbench |",
+        match o.batch_in_flight {
+            0 => format!("batch_max {}, linger {}, c tx", o.batch_max, o.batch_linger),
+            n => format!(
+                "batch_max {}, linger {}, {n} tx",
+                o.batch_max, o.batch_linger
+            ),
+        }
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
@@ -472,23 +514,13 @@ async fn drain(
     reset(db_url).await?;
     dead_letter_stream(js).await?;
     let distinct = publish(js, o.n, o.duplicates, SUBJECT, STREAM).await?;
-    let extra = match mode {
-        // Group commit holds its locks for a whole batch: a few large transactions at once
-        // (many would mostly deadlock one another on the shared SKUs; 4 at 16 measured best
-        // here, 10,445 msg/s against 2 transactions' 6,000–7,200).
-        "batch" => format!(
-            "max_in_flight = {}\nbatch_max = {}\nbatch_linger = \"{}\"\n",
-            batch_transactions(c),
-            o.batch_max,
-            o.batch_linger
-        ),
-        _ => format!("max_in_flight = {c}\n"),
-    };
+    let extra = mode_config(o, mode, c);
     let mut host = Host::new(host_config(db_url, o, 1, &extra)?);
     if mode == "native" {
         host = host.with_handler(CONSUMER, Arc::new(RecordedNative));
     }
     let cpu0 = cpu_time();
+    let switches0 = context_switches();
     let (stop, task) = start_host(host);
     let stream = js.get_stream(STREAM).await?;
     let started = Instant::now();
@@ -520,6 +552,7 @@ async fn drain(
     let (t0, acked0) = first.unwrap_or((started, 0));
     let seconds = t0.elapsed().as_secs_f64().max(1e-6);
     let cpu = (cpu_time() - cpu0).as_secs_f64();
+    let switches = context_switches().saturating_sub(switches0);
     let _ = stop.send(());
     task.await??;
     verify(db_url, distinct)
@@ -532,6 +565,7 @@ async fn drain(
         distinct,
         per_second: (o.n as u64 - acked0) as f64 / seconds,
         cpu_us_per_msg: cpu / o.n as f64 * 1e6,
+        switches_per_msg: switches as f64 / o.n as f64,
     })
 }
 
@@ -555,8 +589,21 @@ impl Handler for RecordedNative {
 }
 
 /// Transactions at once of the group-commit run at concurrency `c`.
-fn batch_transactions(c: u32) -> u32 {
-    c.div_ceil(4)
+/// The consumer settings of a run of `mode` at `c` in flight: per message (`wasm`, `native`:
+/// the default configuration), or group commit (`batch`, as the `--batch-*` options say).
+fn mode_config(o: &BenchOptions, mode: &str, c: u32) -> String {
+    match mode {
+        "batch" => format!(
+            "max_in_flight = {}\nbatch_max = {}\nbatch_linger = \"{}\"\n",
+            match o.batch_in_flight {
+                0 => c,
+                n => n,
+            },
+            o.batch_max,
+            o.batch_linger
+        ),
+        _ => format!("max_in_flight = {c}\nbatch_max = 1\n"),
+    }
 }
 
 /// The stream capturing the consumers' dead letters (none are expected).
@@ -639,6 +686,16 @@ pub fn cpu_time() -> Duration {
     let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
     Duration::from_millis(ticks * 1000 / 100)
+}
+
+/// Context switches of every thread of this process so far (voluntary and involuntary).
+fn context_switches() -> u64 {
+    // SAFETY: getrusage writes into the zeroed struct it is given and reads nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    (usage.ru_nvcsw + usage.ru_nivcsw).max(0) as u64
 }
 
 fn status_mib(field: &str) -> f64 {

@@ -37,10 +37,46 @@ fn bench_smoke_runs_every_mode_and_verifies_each() {
             .as_array()
             .unwrap()
             .iter()
-            .all(|r| r["distinct"] == 480 && r["per_second"].as_f64().unwrap() > 0.0),
+            .all(|r| r["distinct"] == 480
+                && r["per_second"].as_f64().unwrap() > 0.0
+                && r["switches_per_msg"].as_f64().is_some_and(|s| s > 0.0)),
         "{stdout}"
     );
+    // The paced run is the default configuration: per message, WASM.
+    assert_eq!(report["latency"]["mode"], "wasm", "{stdout}");
     assert!(report["latency"]["p99_ms"].as_f64().is_some(), "{stdout}");
     assert_eq!(report["memory"]["consumers"], 8);
     assert!(stdout.contains("| c | wasm msg/s |"), "{stdout}");
+    bench_runs_only_the_modes_asked_for();
+}
+
+/// `--modes` picks the host runs (here group commit alone, at the transactions
+/// `--batch-in-flight` says), and the run still verifies its result by SQL. (Called by the test
+/// above: the bench's streams have fixed names, so two benches must not run at once.)
+fn bench_runs_only_the_modes_asked_for() {
+    let out = run_ok(
+        Command::new(env!("CARGO_BIN_EXE_idemhost"))
+            .args([
+                "bench",
+                "--smoke",
+                "--database",
+                "idemhost_bench_modes",
+                "--modes",
+                "batch",
+                "--batch-in-flight",
+                "2",
+            ])
+            .arg("--plugin")
+            .arg(plugin_path("inventory")),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let modes: Vec<&str> = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["mode"].as_str())
+        .collect();
+    assert_eq!(modes, ["batch"], "{stdout}");
+    assert!(stdout.contains("2 tx)"), "{stdout}");
 }

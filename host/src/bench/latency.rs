@@ -16,9 +16,11 @@ use super::{
 };
 use crate::host::Host;
 
-/// Publishes at `rate` per second for `latency_seconds` while the host (WASM, `c` in flight)
-/// consumes, and measures each message from just before its publish to its ack seen on the
-/// wire (`$JS.ACK.<stream>.<consumer>...`, the host's double-ack request).
+/// Publishes at `rate` per second for `latency_seconds` while the host (WASM, `c` in flight,
+/// the consumer `settings` of run `mode`) consumes, and measures each message from just before
+/// its publish to its ack seen on the wire (`$JS.ACK.<stream>.<consumer>...`, the host's
+/// double-ack request).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn paced(
     o: &BenchOptions,
     db_url: &str,
@@ -26,6 +28,8 @@ pub(super) async fn paced(
     js: &jetstream::Context,
     c: u32,
     rate: f64,
+    mode: &str,
+    settings: &str,
 ) -> anyhow::Result<serde_json::Value> {
     reset(db_url).await?;
     dead_letter_stream(js).await?;
@@ -57,12 +61,7 @@ pub(super) async fn paced(
             }
         }
     });
-    let (stop, task) = start_host(Host::new(host_config(
-        db_url,
-        o,
-        1,
-        &format!("max_in_flight = {c}\n"),
-    )?));
+    let (stop, task) = start_host(Host::new(host_config(db_url, o, 1, settings)?));
     // Let the host bind its consumer before the clock starts.
     let stream = js.get_stream(STREAM).await?;
     let bound = Instant::now();
@@ -138,12 +137,12 @@ pub(super) async fn paced(
     }
     let q = |p: f64| ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)];
     println!(
-        "latency at {rate:.0} msg/s (half the WASM peak), c={c}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {total} messages",
+        "latency at {rate:.0} msg/s (half the {mode} peak), c={c}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {total} messages",
         q(0.5),
         q(0.99),
         ms[ms.len() - 1]
     );
-    let mut report = serde_json::json!({"rate": rate, "concurrency": c, "messages": total,
+    let mut report = serde_json::json!({"mode": mode, "rate": rate, "concurrency": c, "messages": total,
         "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": ms[ms.len() - 1]});
     // The same transaction at the same rate straight through pgbench: how much of the tail is
     // the database's own.

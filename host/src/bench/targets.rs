@@ -83,14 +83,21 @@ pub(super) fn report(i: &Inputs) -> serde_json::Value {
             unit: " µs",
         },
         Target {
-            name: "group commit / pgbench's best tps",
+            name: "default config (per message, WASM) / pgbench's best tps",
+            measured: ratio(wasm, i.pgbench_best),
+            goal: 2.0,
+            at_least: true,
+            unit: "×",
+        },
+        Target {
+            name: "group commit (adaptive: --batch-*) / pgbench's best tps",
             measured: ratio(batch, i.pgbench_best),
             goal: 2.0,
             at_least: true,
             unit: "×",
         },
         Target {
-            name: "p99 end to end at half the WASM peak (per message)",
+            name: "p99 end to end, default config (per message) at half its peak",
             measured: i.p99_ms,
             goal: 10.0,
             at_least: false,
