@@ -10,27 +10,13 @@ use common::*;
 
 #[test]
 fn bench_smoke_runs_every_mode_and_verifies_each() {
-    let out = run_ok(
-        Command::new(env!("CARGO_BIN_EXE_idemhost"))
-            .args([
-                "bench",
-                "--smoke",
-                "--database",
-                "idemhost_bench_smoke",
-                "--duplicates",
-                "0.2",
-            ])
-            .arg("--plugin")
-            .arg(plugin_path("inventory")),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    let modes: Vec<&str> = report["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["mode"].as_str())
-        .collect();
+    let (stdout, report, modes) = bench(&[
+        "--smoke",
+        "--database",
+        "idemhost_bench_smoke",
+        "--duplicates",
+        "0.2",
+    ]);
     assert_eq!(modes, ["wasm", "native", "batch"], "{stdout}");
     assert!(
         report["runs"]
@@ -54,29 +40,36 @@ fn bench_smoke_runs_every_mode_and_verifies_each() {
 /// `--batch-in-flight` says), and the run still verifies its result by SQL. (Called by the test
 /// above: the bench's streams have fixed names, so two benches must not run at once.)
 fn bench_runs_only_the_modes_asked_for() {
+    let (stdout, _, modes) = bench(&[
+        "--smoke",
+        "--database",
+        "idemhost_bench_modes",
+        "--modes",
+        "batch",
+        "--batch-in-flight",
+        "2",
+    ]);
+    assert_eq!(modes, ["batch"], "{stdout}");
+    assert!(stdout.contains("2 tx)"), "{stdout}");
+}
+
+/// Runs `idemhost bench` with `args` and the inventory plugin; its stdout, its JSON report and
+/// the modes of its host runs.
+fn bench(args: &[&str]) -> (String, serde_json::Value, Vec<String>) {
     let out = run_ok(
         Command::new(env!("CARGO_BIN_EXE_idemhost"))
-            .args([
-                "bench",
-                "--smoke",
-                "--database",
-                "idemhost_bench_modes",
-                "--modes",
-                "batch",
-                "--batch-in-flight",
-                "2",
-            ])
+            .arg("bench")
+            .args(args)
             .arg("--plugin")
             .arg(plugin_path("inventory")),
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    let modes: Vec<&str> = report["runs"]
+    let modes = report["runs"]
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|r| r["mode"].as_str())
+        .filter_map(|r| r["mode"].as_str().map(String::from))
         .collect();
-    assert_eq!(modes, ["batch"], "{stdout}");
-    assert!(stdout.contains("2 tx)"), "{stdout}");
+    (stdout, report, modes)
 }
