@@ -2,6 +2,7 @@
 //! `max_in_flight`, and settling each delivery — ack (confirmed) after commit, nak with backoff,
 //! or dead-letter with the original id, headers and payload, then term.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,24 +43,53 @@ pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
 pub const ORIGINAL_SUBJECT_HEADER: &str = "Idemhost-Original-Subject";
 pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
 
-/// Group commit: deliveries gathered for the next batch, and when it must start.
+/// Group commit: deliveries pulled and not started yet, and when the next group must start.
+/// Every delivery a pull request brings is read into it (the request's credits bound them), so
+/// each one waiting is in one place where it is told in progress every third of `ack_wait`:
+/// under load (a slow group, a deadlock the server breaks only after `deadlock_timeout`) the
+/// broker must not redeliver what waits here.
 #[derive(Default)]
 struct Gathering {
-    group: Vec<(jetstream::Message, OwnedSemaphorePermit)>,
+    group: VecDeque<(jetstream::Message, OwnedSemaphorePermit)>,
     until: Option<tokio::time::Instant>,
+    /// When the waiting deliveries are next told in progress.
+    progress_at: Option<tokio::time::Instant>,
 }
 
 impl Gathering {
-    /// The gathered deliveries; the gathering starts over.
-    fn take(&mut self) -> Vec<(jetstream::Message, OwnedSemaphorePermit)> {
-        self.until = None;
-        std::mem::take(&mut self.group)
+    /// Adds a pulled delivery; the first one starts the linger and the progress clock.
+    fn push(
+        &mut self,
+        delivery: (jetstream::Message, OwnedSemaphorePermit),
+        linger: Duration,
+        progress_every: Duration,
+    ) {
+        if self.group.is_empty() {
+            let now = tokio::time::Instant::now();
+            self.until = Some(now + linger);
+            self.progress_at = Some(now + progress_every);
+        }
+        self.group.push_back(delivery);
+    }
+
+    /// The next group: up to `batch_max` of the waiting deliveries, in arrival order. What
+    /// is left has waited its linger already: it is due as soon as a slot is free.
+    fn take(&mut self, batch_max: usize) -> Vec<(jetstream::Message, OwnedSemaphorePermit)> {
+        let n = self.group.len().min(batch_max);
+        let group = self.group.drain(..n).collect();
+        if self.group.is_empty() {
+            self.until = None;
+            self.progress_at = None;
+        } else {
+            self.until = Some(tokio::time::Instant::now());
+        }
+        group
     }
 
     /// Whether the group should start as soon as a transaction slot is free: it is full, or
-    /// its first delivery has waited `batch_linger`. Until a slot is free it keeps gathering
-    /// (up to `batch_max`), so under load batches grow and at low load each delivery starts
-    /// at once (with `batch_linger = 0`).
+    /// its first delivery has waited `batch_linger`. Until a slot is free it keeps gathering,
+    /// so under load batches grow and at low load each delivery starts at once (with
+    /// `batch_linger = 0`).
     fn due(&self, batch_max: usize) -> bool {
         !self.group.is_empty()
             && (self.group.len() >= batch_max
@@ -338,12 +368,13 @@ impl ConsumerRuntime {
     /// Pulling is explicit: each pull request asks for exactly as many messages as there are
     /// free credits. A credit stands for a message pulled whose transaction has not ended;
     /// there are `2 × max_in_flight` (times `batch_max`), so at most `max_in_flight`
-    /// deliveries run while as many wait, already fetched, for a slot — the client never
-    /// buffers more than that, and nothing waits unstarted long enough to reach its ack
-    /// deadline. Acks still on their way hold no credit; the server's `max_ack_pending` bounds
-    /// them.
+    /// deliveries (or groups) run while as many wait, already fetched, for a slot — the client
+    /// never buffers more than that. Per message nothing waits unstarted long enough to reach
+    /// its ack deadline; a group's waiting deliveries are told in progress (see [`Gathering`]).
+    /// Acks still on their way hold no credit; the server's `max_ack_pending` bounds them.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
         let batch_max = self.config.batch_max.max(1) as usize;
+        let progress_every = self.config.ack_wait.0 / 3;
         let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
         let credits = Arc::new(Semaphore::new(pull_credits(&self.config)));
         let mut gathering = Gathering::default();
@@ -392,22 +423,34 @@ impl ConsumerRuntime {
                         .until
                         .unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
                 );
+                let progress = tokio::time::sleep_until(
+                    gathering
+                        .progress_at
+                        .unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
+                );
                 let due = gathering.due(batch_max);
                 let lingering = gathering.lingering(batch_max);
-                let room = gathering.group.len() < batch_max;
+                let waiting = gathering.progress_at.is_some();
                 // In this order: a due group takes a free slot before more is gathered.
                 let next = tokio::select! {
                     biased;
                     _ = shutdown.changed() => break 'pull,
                     slot = slots.clone().acquire_owned(), if due => {
                         if let Ok(slot) = slot {
-                            let group = gathering.take();
+                            let group = gathering.take(batch_max);
                             tasks.spawn(self.clone().settle_batch(slot, group));
                         }
                         continue;
                     }
-                    n = batch.next(), if room => n,
+                    n = batch.next() => n,
                     _ = linger, if lingering => continue,
+                    _ = progress, if waiting => {
+                        let waiting: Vec<&jetstream::Message> =
+                            gathering.group.iter().map(|(m, _)| m).collect();
+                        settle::tell_in_progress(&waiting).await;
+                        gathering.progress_at = Some(tokio::time::Instant::now() + progress_every);
+                        continue;
+                    }
                 };
                 match next {
                     Some(Ok(msg)) => {
@@ -419,11 +462,11 @@ impl ConsumerRuntime {
                             continue;
                         };
                         if batch_max > 1 {
-                            gathering.group.push((msg, credit));
-                            if gathering.group.len() == 1 {
-                                gathering.until =
-                                    Some(tokio::time::Instant::now() + self.config.batch_linger.0);
-                            }
+                            gathering.push(
+                                (msg, credit),
+                                self.config.batch_linger.0,
+                                progress_every,
+                            );
                             continue;
                         }
                         let (this, slots) = (self.clone(), slots.clone());
@@ -454,7 +497,7 @@ impl ConsumerRuntime {
             }
             // The pull request is over: what it gathered starts now rather than wait for the
             // next request.
-            self.start_batch(&mut tasks, &slots, &mut gathering);
+            self.start_batches(&mut tasks, &slots, &mut gathering, batch_max);
             // A request the server ends at once with nothing (a consumer gone or refusing
             // pulls) must not turn this loop into a busy one: back off, as after an error.
             if got == 0 && asked_at.elapsed() < Duration::from_millis(50) {
@@ -468,7 +511,7 @@ impl ConsumerRuntime {
             }
         }
         // Already pulled: handled like the other in-flight deliveries.
-        self.start_batch(&mut tasks, &slots, &mut gathering);
+        self.start_batches(&mut tasks, &slots, &mut gathering, batch_max);
         info!(consumer = %self.config.name, in_flight = tasks.len(), "stopped pulling, draining");
         let drained =
             tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
@@ -513,18 +556,22 @@ impl ConsumerRuntime {
         }
     }
 
-    /// Starts the gathered deliveries' batch, if any, and clears the gathering.
-    fn start_batch(
+    /// Starts every gathered delivery, in groups of up to `batch_max`, each as soon as a slot
+    /// is free (told in progress while it waits for one), and clears the gathering.
+    fn start_batches(
         self: &Arc<Self>,
         tasks: &mut JoinSet<()>,
         slots: &Arc<Semaphore>,
         gathering: &mut Gathering,
+        batch_max: usize,
     ) {
-        let group = gathering.take();
-        if !group.is_empty() {
+        while !gathering.group.is_empty() {
+            let group = gathering.take(batch_max);
             let (this, slots) = (self.clone(), slots.clone());
             tasks.spawn(async move {
-                if let Ok(slot) = slots.acquire_owned().await {
+                let waiting: Vec<&jetstream::Message> = group.iter().map(|(m, _)| m).collect();
+                let slot = this.with_progress(&waiting, slots.acquire_owned()).await;
+                if let Ok(slot) = slot {
                     this.settle_batch(slot, group).await;
                 }
             });

@@ -309,3 +309,33 @@ async fn group_commit_with_no_linger_adapts_to_the_load() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// Deliveries pulled ahead of a busy transaction are told in progress while they wait: with
+/// one transaction at a time, groups of up to 4 that each hold it 1.6 s and `ack_wait = "1s"`,
+/// the deliveries waiting behind a running group outlive their ack deadline several times
+/// over, and the broker redelivers none of them (before, it redelivered them, and the copies
+/// were processed again as duplicates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_waiting_for_a_group_are_not_redelivered() {
+    let env = TestEnv::new("batch_waiting").await;
+    let nats = NatsEnv::new("batch_waiting", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "testkit",
+        "max_in_flight = 1\nbatch_max = 4\nbatch_linger = \"0s\"\nack_wait = \"1s\"",
+    )));
+    let slow = r#"{"steps":[{"query":"SELECT pg_sleep(0.4)"}]}"#;
+    for i in 0..12 {
+        nats.publish(Some(&format!("wait-{i}")), slow).await;
+    }
+    nats.wait_drained(CONSUMER, Duration::from_secs(120)).await;
+    assert_eq!(env.markers(CONSUMER).await, 12);
+    let info = nats.consumer_info(CONSUMER).await;
+    assert_eq!(info.num_redelivered, 0, "{info:?}");
+    assert_eq!(info.delivered.consumer_sequence, 12, "no redeliveries");
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}

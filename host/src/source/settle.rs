@@ -329,13 +329,7 @@ impl ConsumerRuntime {
         loop {
             tokio::select! {
                 out = &mut work => return out,
-                _ = tokio::time::sleep(every) => {
-                    for msg in msgs {
-                        if let Err(e) = msg.ack_with(AckKind::Progress).await {
-                            debug!(error = %e, "in-progress ack failed");
-                        }
-                    }
-                }
+                _ = tokio::time::sleep(every) => tell_in_progress(msgs).await,
             }
         }
     }
@@ -504,4 +498,13 @@ pub(super) struct DeadLetter<'a> {
     pub(super) attempt: u32,
     pub(super) subject: &'a str,
     pub(super) payload: bytes::Bytes,
+}
+
+/// Tells JetStream each of `msgs` is in progress (its `ack_wait` starts over).
+pub(super) async fn tell_in_progress(msgs: &[&jetstream::Message]) {
+    for msg in msgs {
+        if let Err(e) = msg.ack_with(AckKind::Progress).await {
+            debug!(error = %e, "in-progress ack failed");
+        }
+    }
 }
