@@ -20,6 +20,7 @@ use crate::metrics::{ConsumerMetrics, EventTypeLabels, Metrics};
 use crate::registry::Slot;
 
 mod exhausted;
+mod group_limit;
 mod headers;
 pub mod ordering;
 pub mod partition;
@@ -376,6 +377,10 @@ impl ConsumerRuntime {
         let batch_max = self.config.batch_max.max(1) as usize;
         let progress_every = self.config.ack_wait.0 / 3;
         let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
+        let group_limit = Arc::new(group_limit::GroupLimit::new(
+            slots.clone(),
+            self.config.max_in_flight as usize,
+        ));
         let credits = Arc::new(Semaphore::new(pull_credits(&self.config)));
         let mut gathering = Gathering::default();
         let mut tasks = JoinSet::new();
@@ -438,7 +443,7 @@ impl ConsumerRuntime {
                     slot = slots.clone().acquire_owned(), if due => {
                         if let Ok(slot) = slot {
                             let group = gathering.take(batch_max);
-                            tasks.spawn(self.clone().settle_batch(slot, group));
+                            tasks.spawn(self.clone().settle_batch(slot, group, group_limit.clone()));
                         }
                         continue;
                     }
@@ -497,7 +502,12 @@ impl ConsumerRuntime {
             }
             // The pull request is over: what it gathered starts now rather than wait for the
             // next request.
-            self.start_batches(&mut tasks, &slots, &mut gathering, batch_max);
+            self.start_batches(
+                &mut tasks,
+                (&slots, &group_limit),
+                &mut gathering,
+                batch_max,
+            );
             // A request the server ends at once with nothing (a consumer gone or refusing
             // pulls) must not turn this loop into a busy one: back off, as after an error.
             if got == 0 && asked_at.elapsed() < Duration::from_millis(50) {
@@ -511,7 +521,12 @@ impl ConsumerRuntime {
             }
         }
         // Already pulled: handled like the other in-flight deliveries.
-        self.start_batches(&mut tasks, &slots, &mut gathering, batch_max);
+        self.start_batches(
+            &mut tasks,
+            (&slots, &group_limit),
+            &mut gathering,
+            batch_max,
+        );
         info!(consumer = %self.config.name, in_flight = tasks.len(), "stopped pulling, draining");
         let drained =
             tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
@@ -561,18 +576,18 @@ impl ConsumerRuntime {
     fn start_batches(
         self: &Arc<Self>,
         tasks: &mut JoinSet<()>,
-        slots: &Arc<Semaphore>,
+        (slots, limit): (&Arc<Semaphore>, &Arc<group_limit::GroupLimit>),
         gathering: &mut Gathering,
         batch_max: usize,
     ) {
         while !gathering.group.is_empty() {
             let group = gathering.take(batch_max);
-            let (this, slots) = (self.clone(), slots.clone());
+            let (this, slots, limit) = (self.clone(), slots.clone(), limit.clone());
             tasks.spawn(async move {
                 let waiting: Vec<&jetstream::Message> = group.iter().map(|(m, _)| m).collect();
                 let slot = this.with_progress(&waiting, slots.acquire_owned()).await;
                 if let Ok(slot) = slot {
-                    this.settle_batch(slot, group).await;
+                    this.settle_batch(slot, group, limit).await;
                 }
             });
         }

@@ -31,6 +31,7 @@ impl ConsumerRuntime {
         self: Arc<Self>,
         slot: OwnedSemaphorePermit,
         group: Vec<(jetstream::Message, OwnedSemaphorePermit)>,
+        limit: Arc<super::group_limit::GroupLimit>,
     ) {
         let (pulled, credits): (Vec<_>, Vec<_>) = group.into_iter().unzip();
         let mut ready = Vec::with_capacity(pulled.len());
@@ -65,8 +66,14 @@ impl ConsumerRuntime {
             )
             .await;
         // The transaction is over: the next batch may start, and more be pulled, while these
-        // are acked.
-        drop((slot, credits));
+        // are acked. A group that met a conflict (its messages needed more than one
+        // transaction) lowers how many groups run at once.
+        let conflicted = results.iter().any(|p| p.tx_attempts > 1);
+        let allowed = limit.release(slot, conflicted, messages.len());
+        if conflicted {
+            debug!(consumer = %self.config.name, allowed, "group met a conflict; fewer groups at once");
+        }
+        drop(credits);
         let size = messages.len();
         let this = &*self;
         let settled = ready.iter().zip(&messages).zip(&results).map(
