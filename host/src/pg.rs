@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
+use tracing::debug;
 
 use crate::config::PostgresConfig;
 
@@ -152,11 +153,20 @@ pub async fn connect_following(
     Ok((pool, failover))
 }
 
-/// The host's own migrations (`migrations/`), embedded in the binary.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// The host's own migrations (`migrations/`), embedded in the binary. Without sqlx's lock: that
+/// is an advisory lock under a key derived from the database's name, which any session — a
+/// plugin's included — can take and hold for as long as its transaction lasts, stalling every
+/// host's start-up on that database. [`migrate`] locks the migrations table instead.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
+    locking: false,
+    ..sqlx::migrate!("../migrations")
+};
 
-/// Applies the host's migrations (idempotent; concurrent hosts serialize on sqlx's lock),
-/// creating the configured schema first when it does not exist yet.
+/// Applies the host's migrations (idempotent), creating the configured schema first when it
+/// does not exist yet. Concurrent hosts serialize on a lock on the migrations table
+/// (`_sqlx_migrations`, one per schema), which no plugin role may touch (see
+/// [`crate::sql_gate::HOST_RELATIONS`]); `SHARE UPDATE EXCLUSIVE` conflicts with itself and not
+/// with the rows the migrator writes there from its own connection.
 pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
     let missing = match schema {
         // A host that owns its schema need not be allowed to create schemas.
@@ -178,10 +188,56 @@ pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> 
         .await
         .map_err(|e| anyhow::anyhow!("failed to create schema {schema}: {}", describe(&e)))?;
     }
+    let mut attempt = 1;
+    let lock = loop {
+        match lock_migrations(pool).await {
+            Ok(lock) => break lock,
+            // Two hosts creating the migrations table at once: one of them loses the race on
+            // the catalog; the table exists when it tries again.
+            Err(e) if attempt < 3 => {
+                debug!(error = %e, "migrations table not ready; trying again");
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => {
+                return Err(anyhow::anyhow!(
+                    "failed to lock the migrations table: {}",
+                    describe(&e)
+                ));
+            }
+        }
+    };
     MIGRATOR
         .run(pool)
         .await
-        .map_err(|e| anyhow::anyhow!("failed to apply idemhost migrations: {e}"))
+        .map_err(|e| anyhow::anyhow!("failed to apply idemhost migrations: {e}"))?;
+    lock.commit()
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to release the migrations lock: {}", describe(&e)))
+}
+
+/// Creates the migrations table if missing and takes the host's migration lock on it, in a
+/// transaction of its own (held until it ends; dropped, it rolls back).
+async fn lock_migrations(
+    pool: &PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    use sqlx::migrate::Migrate as _;
+    let mut conn = pool.acquire().await?;
+    conn.ensure_migrations_table(&MIGRATOR.table_name)
+        .await
+        .map_err(|e| match e {
+            sqlx::migrate::MigrateError::Execute(e) => e,
+            other => sqlx::Error::Protocol(other.to_string()),
+        })?;
+    drop(conn);
+    let mut tx = pool.begin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE",
+        wall::quote_ident(&MIGRATOR.table_name)
+    )))
+    .execute(&mut *tx)
+    .await?;
+    Ok(tx)
 }
 
 #[cfg(test)]

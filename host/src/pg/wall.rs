@@ -223,7 +223,30 @@ pub async fn provision(pool: &PgPool, consumer: &ConsumerConfig, role: &str) -> 
 
 /// [`provision`] from its parts: the consumer's name, its role, the tables to grant and the
 /// role's password (set only when the host creates the role).
+///
+/// Hosts of one schema provision one at a time (see the lock below). Hosts of different
+/// schemas may share a role only by naming it (`consumer.role`); their GRANTs on it can then
+/// collide ("tuple concurrently updated"), and provisioning is tried again, up to 5 times.
 pub async fn provision_role(
+    pool: &PgPool,
+    consumer_name: &str,
+    role: &str,
+    tables: &[String],
+    password: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut attempt = 1;
+    loop {
+        match provision_role_once(pool, consumer_name, role, tables, password).await {
+            Err(e) if attempt < 5 && format!("{e:#}").contains("concurrently updated") => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn provision_role_once(
     pool: &PgPool,
     consumer_name: &str,
     role: &str,
@@ -232,14 +255,21 @@ pub async fn provision_role(
 ) -> anyhow::Result<()> {
     let r = quote_ident(role);
     let mut tx = pool.begin().await?;
-    // One host at a time (replicas, tests in parallel): concurrent GRANTs on one role collide.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idemhost.provision'))")
-        .execute(&mut *tx)
-        .await?;
     let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
         .fetch_one(&mut *tx)
         .await?;
     let s = quote_ident(&schema);
+    // One host at a time (replicas, tests in parallel): concurrent GRANTs on one role collide.
+    // The lock is on the host's key table, which no plugin role may read, let alone lock — not
+    // an advisory lock: any session can take any advisory key, and a plugin holding the one the
+    // host waits for would stall every host's start-up for as long as it kept a delivery open.
+    // SHARE ROW EXCLUSIVE conflicts with itself, not with the ACCESS SHARE deliveries take
+    // reading the key.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {s}.idemhost_key IN SHARE ROW EXCLUSIVE MODE"
+    )))
+    .execute(&mut *tx)
+    .await?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
             .bind(role)
