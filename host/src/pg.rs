@@ -189,7 +189,7 @@ pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> 
         .map_err(|e| anyhow::anyhow!("failed to create schema {schema}: {}", describe(&e)))?;
     }
     let mut attempt = 1;
-    let lock = loop {
+    let mut lock = loop {
         match lock_migrations(pool).await {
             Ok(lock) => break lock,
             // Two hosts creating the migrations table at once: one of them loses the race on
@@ -211,33 +211,36 @@ pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> 
         .run(pool)
         .await
         .map_err(|e| anyhow::anyhow!("failed to apply idemhost migrations: {e}"))?;
-    lock.commit()
+    sqlx::query("COMMIT")
+        .execute(&mut lock)
         .await
-        .map_err(|e| anyhow::anyhow!("failed to release the migrations lock: {}", describe(&e)))
+        .map_err(|e| anyhow::anyhow!("failed to release the migrations lock: {}", describe(&e)))?;
+    let _ = sqlx::Connection::close(lock).await;
+    Ok(())
 }
 
 /// Creates the migrations table if missing and takes the host's migration lock on it, in a
-/// transaction of its own (held until it ends; dropped, it rolls back).
-async fn lock_migrations(
-    pool: &PgPool,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+/// transaction on a connection of its own — not one of the pool's, which may hold a single
+/// connection the migrator needs (`idemhost migrate`). The lock is held until that transaction
+/// is committed; dropped, the connection closes and the server rolls it back.
+async fn lock_migrations(pool: &PgPool) -> Result<sqlx::PgConnection, sqlx::Error> {
+    use sqlx::Connection as _;
     use sqlx::migrate::Migrate as _;
-    let mut conn = pool.acquire().await?;
+    let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
     conn.ensure_migrations_table(&MIGRATOR.table_name)
         .await
         .map_err(|e| match e {
             sqlx::migrate::MigrateError::Execute(e) => e,
             other => sqlx::Error::Protocol(other.to_string()),
         })?;
-    drop(conn);
-    let mut tx = pool.begin().await?;
+    sqlx::query("BEGIN").execute(&mut conn).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE",
         wall::quote_ident(&MIGRATOR.table_name)
     )))
-    .execute(&mut *tx)
+    .execute(&mut conn)
     .await?;
-    Ok(tx)
+    Ok(conn)
 }
 
 #[cfg(test)]
