@@ -197,14 +197,15 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
             }
         }
     }
-    // The paced run: the default configuration (per message, WASM) at half its peak.
+    // The paced run: the default configuration at half its peak.
+    let default = default_mode(&o, &runs);
     let peak = runs
         .iter()
-        .filter(|r| r.mode == "wasm")
+        .filter(|r| r.mode == default)
         .map(|r| r.per_second)
         .fold(0.0, f64::max);
     let latency = if o.latency_seconds > 0 && peak > 0.0 {
-        let settings = mode_config(&o, "wasm", top);
+        let settings = mode_config(&o, default, top);
         Some(
             latency::paced(
                 &o,
@@ -213,7 +214,7 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
                 &js,
                 top,
                 peak / 2.0,
-                "wasm",
+                default,
                 &settings,
             )
             .await?,
@@ -298,6 +299,7 @@ fn report(
         pgbench_best: best_pgbench,
         node_at: node.get(&at).copied(),
         p99_ms: latency.as_ref().and_then(|l| l["p99_ms"].as_f64()),
+        default_mode: default_mode(o, runs),
     });
     serde_json::json!({
         "n": o.n, "duplicates": o.duplicates, "batch_max": o.batch_max,
@@ -592,9 +594,8 @@ impl Handler for RecordedNative {
     }
 }
 
-/// Transactions at once of the group-commit run at concurrency `c`.
 /// The consumer settings of a run of `mode` at `c` in flight: per message (`wasm`, `native`:
-/// the default configuration), or group commit (`batch`, as the `--batch-*` options say).
+/// `batch_max = 1`), or group commit (`batch`, as the `--batch-*` options say).
 fn mode_config(o: &BenchOptions, mode: &str, c: u32) -> String {
     match mode {
         "batch" => format!(
@@ -607,6 +608,19 @@ fn mode_config(o: &BenchOptions, mode: &str, c: u32) -> String {
             o.batch_linger
         ),
         _ => format!("max_in_flight = {c}\nbatch_max = 1\n"),
+    }
+}
+
+/// The run that measured the default configuration: `batch` when it ran with the group-commit
+/// defaults (`batch_max` 16, no linger, `max_in_flight` transactions), else `wasm`.
+fn default_mode(o: &BenchOptions, runs: &[HostRun]) -> &'static str {
+    let defaults = o.batch_max == crate::config::DEFAULT_BATCH_MAX
+        && humantime::parse_duration(&o.batch_linger).is_ok_and(|d| d.is_zero())
+        && o.batch_in_flight == 0;
+    if defaults && runs.iter().any(|r| r.mode == "batch") {
+        "batch"
+    } else {
+        "wasm"
     }
 }
 

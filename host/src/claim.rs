@@ -137,6 +137,9 @@ pub struct ClaimSettings {
     /// pool when the consumers' sum does not fit; [`ClaimSettings::new`] keeps none. Kept
     /// connections count against the pool's `max_connections` while idle.
     pub keep_connections: usize,
+    /// The longest a group-commit transaction waits for a lock (`batch_lock_timeout`; `None`:
+    /// as long as the server lets it). See [`Wall::begin_group_sql`].
+    pub group_lock_timeout: Option<Duration>,
 }
 
 impl ClaimSettings {
@@ -151,6 +154,7 @@ impl ClaimSettings {
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
             keep_connections: c.max_in_flight as usize,
+            group_lock_timeout: Some(c.batch_lock_timeout.0).filter(|t| !t.is_zero()),
         }
     }
 
@@ -166,6 +170,7 @@ impl ClaimSettings {
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
             keep_connections: 0,
+            group_lock_timeout: Some(crate::config::DEFAULT_BATCH_LOCK_TIMEOUT),
         }
     }
 }
@@ -199,6 +204,9 @@ struct AttemptFailure {
     kind: FailureKind,
     cause: Rollback,
     reason: String,
+    /// A lock wait was given up ([`pg::lock_not_available`]): in a group-commit transaction,
+    /// that abandons the group like a conflict.
+    lock_wait: bool,
 }
 
 impl AttemptFailure {
@@ -208,6 +216,7 @@ impl AttemptFailure {
             kind,
             cause: Self::cause_of(kind),
             reason: format!("{context}: {}", pg::describe(e)),
+            lock_wait: pg::lock_not_available(e),
         }
     }
 
@@ -234,6 +243,7 @@ fn judge(
             kind: p.kind,
             cause: Rollback::Conflict,
             reason: p.reason,
+            lock_wait: p.lock_wait,
         }),
         (Err(e), poison) => {
             let (kind, cause, reason) = match e {
@@ -252,12 +262,14 @@ fn judge(
                 kind,
                 cause,
                 reason,
+                lock_wait: poison.is_some_and(|p| p.lock_wait),
             })
         }
         (Ok(()), Some(p)) => Some(AttemptFailure {
             kind: p.kind,
             cause: AttemptFailure::cause_of(p.kind),
             reason: format!("handler returned ok after a database error: {}", p.reason),
+            lock_wait: p.lock_wait,
         }),
         (Ok(()), None) => None,
     }
@@ -298,9 +310,14 @@ impl Claimer {
         self.wall
             .get_or_try_init(|| async {
                 let s = &self.settings;
-                Wall::load(&self.host_pool, s.isolation, s.statement_timeout)
-                    .await
-                    .map(Arc::new)
+                Wall::load(
+                    &self.host_pool,
+                    s.isolation,
+                    s.statement_timeout,
+                    s.group_lock_timeout,
+                )
+                .await
+                .map(Arc::new)
             })
             .await
             .cloned()
@@ -445,8 +462,13 @@ impl Claimer {
     /// Opens a transaction at the consumer's isolation, with the host's settings (see
     /// [`Wall::load`]).
     async fn begin(&self, wall: &Wall) -> Result<Tx, AttemptFailure> {
+        self.begin_with(&wall.begin_sql).await
+    }
+
+    /// Opens a transaction with `begin` (one of the wall's `BEGIN` statements).
+    async fn begin_with(&self, begin: &str) -> Result<Tx, AttemptFailure> {
         self.connections
-            .begin(&wall.begin_sql)
+            .begin(begin)
             .await
             .map(|(tx, _)| tx)
             .map_err(|e| AttemptFailure {
@@ -536,6 +558,7 @@ impl Claimer {
                 || "transaction lost during the handler".into(),
                 |p| p.reason.clone(),
             ),
+            lock_wait: false,
         })?;
         Ok((tx, judge(result, poison)))
     }

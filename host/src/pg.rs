@@ -49,6 +49,13 @@ pub fn classify_sqlstate(code: &str) -> FailureKind {
     }
 }
 
+/// Whether `error` is `lock_not_available` (55P03): a lock wait outlasted `lock_timeout`, or a
+/// `NOWAIT` found the lock taken. A group-commit transaction waits on locks only that long (see
+/// [`Wall::begin_group_sql`]); past it the group is sent back one delivery at a time.
+pub fn lock_not_available(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
 /// Renders a database error for logs and plugins: `SQLSTATE: message` for server errors.
 pub fn describe(error: &sqlx::Error) -> String {
     match error {

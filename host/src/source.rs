@@ -374,7 +374,7 @@ impl ConsumerRuntime {
     /// its ack deadline; a group's waiting deliveries are told in progress (see [`Gathering`]).
     /// Acks still on their way hold no credit; the server's `max_ack_pending` bounds them.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
-        let batch_max = self.config.batch_max.max(1) as usize;
+        let batch_max = self.config.batch_max().max(1) as usize;
         let progress_every = self.config.ack_wait.0 / 3;
         let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
         let group_limit = Arc::new(group_limit::GroupLimit::new(
@@ -630,7 +630,7 @@ fn max_waiting(config: &ConsumerConfig) -> usize {
 /// Messages pulled and not yet settled, at most: `2 × max_in_flight` deliveries (or batches
 /// of `batch_max`).
 fn pull_credits(config: &ConsumerConfig) -> usize {
-    config.max_in_flight as usize * 2 * config.batch_max.max(1) as usize
+    config.max_in_flight as usize * 2 * config.batch_max().max(1) as usize
 }
 
 /// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.

@@ -25,6 +25,8 @@ use crate::sql_gate::{self, SqlValue};
 pub struct Poison {
     pub kind: FailureKind,
     pub reason: String,
+    /// The error was a lock wait given up ([`pg::lock_not_available`]).
+    pub lock_wait: bool,
 }
 
 /// When the attempt must end, and how to stop a statement still running then: the session's
@@ -122,6 +124,7 @@ impl TxHandle {
                     state.poison = Some(Poison {
                         kind: FailureKind::Retryable,
                         reason: reason.clone(),
+                        lock_wait: false,
                     });
                 }
                 // Dropped mid-statement: the connection is closed, never reused.
@@ -306,6 +309,7 @@ impl TxState {
             self.poison = Some(Poison {
                 kind: pg::classify(error),
                 reason: reason.clone(),
+                lock_wait: pg::lock_not_available(error),
             });
         }
         TxError::Database(reason)
@@ -317,6 +321,7 @@ impl TxState {
             self.poison = Some(Poison {
                 kind: FailureKind::Retryable,
                 reason: format!("the host refused a plugin request: {reason}"),
+                lock_wait: false,
             });
         }
     }

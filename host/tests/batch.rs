@@ -339,3 +339,69 @@ async fn deliveries_waiting_for_a_group_are_not_redelivered() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// Two groups that lock the same two rows in opposite orders deadlock; the server breaks a
+/// deadlock only after `deadlock_timeout` (20 s on these sessions, as an operator may set it),
+/// so without a limit of its own the waiting group stalls until its handler's deadline (5 s)
+/// stops it, and that message is nak'ed. A group waits for a lock no longer than
+/// `batch_lock_timeout` (50 ms by default): the group that gave up is sent back one delivery at
+/// a time (a second transaction attempt), the other commits, and every message applies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_locking_rows_in_opposite_orders_give_up_the_wait_not_deadlock() {
+    let env = TestEnv::new("batch_deadlock").await;
+    env.seed_inventory(&[("sku-a", 1_000), ("sku-b", 1_000)])
+        .await;
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let options = idemhost::pg::connect_options(&PG_URL, Some(&env.schema), &env.schema)
+        .unwrap()
+        .options([("deadlock_timeout", "20s")]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let settings = ClaimSettings::new(CONSUMER, Isolation::ReadCommitted);
+    assert_eq!(settings.group_lock_timeout, Some(Duration::from_millis(50)));
+    let c = Claimer::new(pool, settings);
+    // Reserve on `sku`, then hold the lock a while (so the other group takes its first row).
+    let hold = |sku: &str| {
+        format!(
+            r#"{{"steps":[{{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = '{sku}'"}},{{"query":"SELECT pg_sleep(0.3)"}}]}}"#
+        )
+    };
+    let take = |sku: &str| {
+        format!(
+            r#"{{"steps":[{{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = '{sku}'"}}]}}"#
+        )
+    };
+    let first = [
+        message("ab-1", &hold("sku-a")),
+        message("ab-2", &take("sku-b")),
+    ];
+    let second = [
+        message("ba-1", &hold("sku-b")),
+        message("ba-2", &take("sku-a")),
+    ];
+    let both = async {
+        tokio::join!(
+            c.process_batch(plugin.as_ref(), &first),
+            c.process_batch(plugin.as_ref(), &second)
+        )
+    };
+    let (one, two) = tokio::time::timeout(Duration::from_secs(10), both)
+        .await
+        .expect("the groups waited on each other until the server broke the deadlock");
+    let results: Vec<_> = one.iter().chain(two.iter()).collect();
+    assert!(
+        results.iter().all(|p| p.outcome == Outcome::Applied),
+        "{results:?}"
+    );
+    assert!(
+        results.iter().any(|p| p.tx_attempts == 2),
+        "one group gave up its wait and ran again one by one: {results:?}"
+    );
+    assert_eq!(env.markers(CONSUMER).await, 4);
+    assert_eq!(env.reserved("sku-a").await, 2);
+    assert_eq!(env.reserved("sku-b").await, 2);
+    env.cleanup().await;
+}

@@ -28,8 +28,12 @@ fn bench_smoke_runs_every_mode_and_verifies_each() {
                 && r["switches_per_msg"].as_f64().is_some_and(|s| s > 0.0)),
         "{stdout}"
     );
-    // The paced run is the default configuration: per message, WASM.
-    assert_eq!(report["latency"]["mode"], "wasm", "{stdout}");
+    // The paced run is the default configuration: group commit (batch_max 16, no linger).
+    assert_eq!(report["latency"]["mode"], "batch", "{stdout}");
+    assert!(
+        stdout.contains("| default config (group commit, WASM) / pgbench's best tps |"),
+        "{stdout}"
+    );
     assert!(report["latency"]["p99_ms"].as_f64().is_some(), "{stdout}");
     assert_eq!(report["memory"]["consumers"], 8);
     assert!(stdout.contains("| c | wasm msg/s |"), "{stdout}");

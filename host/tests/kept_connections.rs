@@ -161,6 +161,7 @@ async fn a_commit_of_an_aborted_transaction_fails() {
         &env.pool,
         idemhost::Isolation::ReadCommitted,
         Duration::from_secs(5),
+        None,
     )
     .await
     .unwrap();

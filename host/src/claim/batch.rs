@@ -13,9 +13,12 @@
 //! failed message was judged with the earlier messages applied, the later ones without its
 //! effect; an id that comes twice is applied once, by its first delivery that does not fail.
 //!
-//! Anything that endangers the whole transaction — a serialization failure or deadlock, a lost
-//! connection, a failed COMMIT — abandons the batch, and its messages are processed one by one
-//! in per-message transactions: their markers decide what (if anything) had committed.
+//! Anything that endangers the whole transaction — a serialization failure or deadlock, a lock
+//! wait past `batch_lock_timeout`, a lost connection, a failed COMMIT — abandons the batch, and
+//! its messages are processed one by one in per-message transactions: their markers decide what
+//! (if anything) had committed. A batch holds every row lock its handlers took until its COMMIT,
+//! so batches that lock hot rows in different orders deadlock; the lock timeout gives such a
+//! wait up long before the server's `deadlock_timeout` would (see [`Wall::begin_group_sql`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -123,7 +126,10 @@ impl Claimer {
     /// The batch without savepoints: all claims in one statement, the handlers, COMMIT.
     async fn optimistic(&self, handler: &dyn Handler, msgs: &[Message]) -> Result<Vec<Part>, Stop> {
         let wall = self.wall().await.map_err(Stop::Batch)?;
-        let mut tx = self.begin(&wall).await.map_err(Stop::Batch)?;
+        let mut tx = self
+            .begin_with(&wall.begin_group_sql)
+            .await
+            .map_err(Stop::Batch)?;
         let started = Instant::now();
         let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
         let (claimed, pid) = match self.claim_all(&mut tx, &wall, handler, &ids).await {
@@ -131,10 +137,10 @@ impl Claimer {
             Err(e) => {
                 tx.note_failure(&e);
                 rollback(tx, &wall).await;
-                return Err(Stop::Batch(AttemptFailure::db(
+                return Err(Stop::Batch(in_group(AttemptFailure::db(
                     "failed to claim markers",
                     &e,
-                )));
+                ))));
             }
         };
         let mut claimed: HashSet<String> = claimed.into_iter().collect();
@@ -156,7 +162,7 @@ impl Claimer {
                 .await
                 .map_err(Stop::Batch)?;
             tx = back;
-            if let Some(failure) = failure {
+            if let Some(failure) = failure.map(in_group) {
                 rollback(tx, &wall).await;
                 return Err(match failure.kind {
                     FailureKind::RetryTransaction => Stop::Batch(failure),
@@ -181,7 +187,7 @@ impl Claimer {
         failed: (usize, Part),
     ) -> Result<Vec<Part>, AttemptFailure> {
         let wall = self.wall().await?;
-        let mut tx = self.begin(&wall).await?;
+        let mut tx = self.begin_with(&wall.begin_group_sql).await?;
         // The first pass's claim (a wait on a competing claim shows there) counts for every
         // message: it is part of what claiming it took.
         let first_claim = failed.1.timing.claim;
@@ -218,7 +224,7 @@ impl Claimer {
         let mut timing = Timing::default();
         savepoint(&mut tx, "SAVEPOINT idemhost_message").await?;
         let failure = match self.claim(&mut tx, wall, handler, msg, &mut timing).await {
-            Err(e) => AttemptFailure::db("failed to claim marker", &e),
+            Err(e) => in_group(AttemptFailure::db("failed to claim marker", &e)),
             Ok((false, _)) => return Ok((tx, Part::done(Outcome::Duplicate, timing))),
             Ok((true, pid)) => {
                 let (back, failure) = self.lend(tx, wall, pid, handler, msg, &mut timing).await?;
@@ -227,7 +233,7 @@ impl Claimer {
                     None => {
                         return Ok((tx, Part::done(Outcome::Applied, timing)));
                     }
-                    Some(f) => f,
+                    Some(f) => in_group(f),
                 }
             }
         };
@@ -237,6 +243,20 @@ impl Claimer {
         }
         savepoint(&mut tx, "ROLLBACK TO SAVEPOINT idemhost_message").await?;
         Ok((tx, Part::failed(failure, timing)))
+    }
+}
+
+/// A failure as a group sees it: a lock wait given up (the group's `lock_timeout`, or a
+/// plugin's `NOWAIT`) is a conflict between groups, which abandons the group; its deliveries
+/// then run one by one, where such a failure is judged as it would be alone.
+fn in_group(failure: AttemptFailure) -> AttemptFailure {
+    if !failure.lock_wait {
+        return failure;
+    }
+    AttemptFailure {
+        kind: FailureKind::RetryTransaction,
+        cause: Rollback::Conflict,
+        ..failure
     }
 }
 

@@ -39,13 +39,19 @@ pub struct ConsumerConfig {
     /// Deliveries handled at once (each holds one PostgreSQL connection).
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: u32,
-    /// Group commit: up to this many deliveries share one transaction, each behind its own
-    /// SAVEPOINT (1: one transaction per delivery). `max_in_flight` then counts transactions.
-    #[serde(default = "default_batch_max")]
-    pub batch_max: u32,
-    /// How long a batch waits for more deliveries after its first one before it starts.
+    /// Group commit: up to this many deliveries share one transaction (1: one transaction per
+    /// delivery). `max_in_flight` then counts transactions. Absent: 16, or 1 with `ordering`
+    /// or `partitions` (see [`ConsumerConfig::batch_max`]).
+    #[serde(default, rename = "batch_max")]
+    pub batch_max_set: Option<u32>,
+    /// How long a group waits for more deliveries after its first one before it starts (0: a
+    /// group holds what is waiting when a transaction is free).
     #[serde(default = "default_batch_linger")]
     pub batch_linger: Dur,
+    /// The longest a group-commit transaction waits for a row or table lock; past it the group
+    /// is sent back one delivery at a time (0: as long as the server lets it).
+    #[serde(default = "default_batch_lock_timeout")]
+    pub batch_lock_timeout: Dur,
     /// Deliveries of one message before a retryable failure is dead-lettered.
     #[serde(default = "default_max_deliver")]
     pub max_deliver: u32,
@@ -177,6 +183,17 @@ pub fn is_plain_identifier(name: &str) -> bool {
 pub const MAX_MESSAGE_ID_BYTES: usize = 256;
 
 impl ConsumerConfig {
+    /// Deliveries that may share one transaction: `batch_max` as configured, else 16 — or 1
+    /// for a consumer with `ordering` or `partitions`, whose order rules are per delivery.
+    pub fn batch_max(&self) -> u32 {
+        self.batch_max_set
+            .unwrap_or(if self.ordering.is_some() || self.partitions > 0 {
+                1
+            } else {
+                DEFAULT_BATCH_MAX
+            })
+    }
+
     /// Every durable consumer this consumer pulls from: its one, or with `partitions` one per
     /// partition, `<durable>-p<n>`.
     pub fn durables(&self) -> Vec<String> {

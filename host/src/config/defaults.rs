@@ -38,7 +38,16 @@ pub(super) fn default_max_connections() -> u32 {
 }
 
 pub(super) fn default_batch_linger() -> Dur {
-    Dur(Duration::from_millis(2))
+    Dur(Duration::ZERO)
+}
+
+/// How long a group-commit transaction waits for a lock by default (`batch_lock_timeout`).
+/// Far above what a clean group holds its locks for here (a few milliseconds), far below the
+/// 1 s `deadlock_timeout` after which the server breaks a deadlock between groups.
+pub const DEFAULT_BATCH_LOCK_TIMEOUT: Duration = Duration::from_millis(50);
+
+pub(super) fn default_batch_lock_timeout() -> Dur {
+    Dur(DEFAULT_BATCH_LOCK_TIMEOUT)
 }
 
 pub(super) fn default_max_in_flight() -> u32 {
@@ -89,9 +98,9 @@ pub(super) fn default_application_name() -> String {
     "idemhost".into()
 }
 
-pub(super) fn default_batch_max() -> u32 {
-    1
-}
+/// `batch_max` when absent (see [`super::ConsumerConfig::batch_max`]): group commit is the
+/// default, and at low load every group is one delivery (`batch_linger` is 0).
+pub const DEFAULT_BATCH_MAX: u32 = 16;
 
 pub(super) fn default_max_deliver() -> u32 {
     5

@@ -247,3 +247,44 @@ fn partitions_and_server_lists_are_checked() {
         );
     }
 }
+
+/// Group commit is the default: 16 deliveries at most per transaction, no linger, a 50 ms lock
+/// wait in a group. A consumer with `ordering` or `partitions` stays per delivery unless told
+/// otherwise (and `ordering` refuses groups); an explicit `batch_max = 1` turns groups off.
+#[test]
+fn group_commit_is_the_default_except_where_order_rules() {
+    let c = parse(SAMPLE, &[]).unwrap();
+    let con = &c.consumers[0];
+    assert_eq!(con.batch_max(), 16);
+    assert_eq!(con.batch_linger.0, Duration::ZERO);
+    assert_eq!(con.batch_lock_timeout.0, Duration::from_millis(50));
+    let with = |extra: &str| parse(&format!("{SAMPLE}\n{extra}\n"), &[]);
+    assert_eq!(with("batch_max = 1").unwrap().consumers[0].batch_max(), 1);
+    let ordered = with("ordering = { key = \"json:/orderId\" }").unwrap();
+    assert_eq!(ordered.consumers[0].batch_max(), 1);
+    let partitioned = |extra: &str| {
+        let text = SAMPLE.replace("[\"orders.placed\"]", "[\"orders.*\"]");
+        parse(&format!("{text}\npartitions = 4\n{extra}\n"), &[]).unwrap()
+    };
+    assert_eq!(partitioned("").consumers[0].batch_max(), 1);
+    assert_eq!(partitioned("batch_max = 8").consumers[0].batch_max(), 8);
+    for (extra, key) in [
+        (
+            "ordering = { key = \"json:/orderId\" }\nbatch_max = 4",
+            "consumer[0].batch_max",
+        ),
+        ("batch_max = 65", "consumer[0].batch_max"),
+        (
+            "batch_lock_timeout = \"2h\"",
+            "consumer[0].batch_lock_timeout",
+        ),
+    ] {
+        let err = with(extra).unwrap_err().to_string();
+        assert!(err.contains(key), "{extra}: {err}");
+    }
+    let off = with("batch_lock_timeout = \"0s\"").unwrap();
+    assert_eq!(
+        crate::claim::ClaimSettings::for_consumer(&off.consumers[0]).group_lock_timeout,
+        None
+    );
+}

@@ -169,10 +169,10 @@ impl Config {
             }
             // Each message of a batch is a subtransaction; past 64 PostgreSQL's per-backend
             // subtransaction cache overflows and every session's snapshots get slower.
-            if c.batch_max == 0 || c.batch_max > 64 {
+            if c.batch_max() == 0 || c.batch_max() > 64 {
                 return bad(key("batch_max"), "must be between 1 and 64");
             }
-            if c.batch_max > 1 && c.ordering.is_some() {
+            if c.batch_max() > 1 && c.ordering.is_some() {
                 return bad(
                     key("batch_max"),
                     "cannot be combined with `ordering` (an ordered key retries in place, one delivery at a time)",
@@ -183,6 +183,12 @@ impl Config {
             }
             if c.backoff.is_empty() {
                 return bad(key("backoff"), "must list at least one delay");
+            }
+            if c.batch_lock_timeout.0 > Duration::from_secs(3600) {
+                return bad(
+                    key("batch_lock_timeout"),
+                    "must be at most 1h (0s: no limit)",
+                );
             }
             if c.handler_timeout.0.is_zero() {
                 return bad(key("handler_timeout"), "must be positive");

@@ -27,6 +27,8 @@ pub struct Wall {
     pub(crate) commit_sql: String,
     /// Opens a delivery's transaction (see [`Wall::load`]).
     pub(crate) begin_sql: String,
+    /// Opens a group-commit transaction: [`Wall::begin_sql`] and the group's `lock_timeout`.
+    pub(crate) begin_group_sql: String,
     /// Rolls a delivery back and resets the session.
     pub(crate) rollback_sql: String,
 }
@@ -35,6 +37,16 @@ impl Wall {
     /// Opens a delivery's transaction: `BEGIN ... READ WRITE` and the host's `SET LOCAL`s.
     pub fn begin_sql(&self) -> &str {
         &self.begin_sql
+    }
+
+    /// Opens a group-commit transaction: as [`Wall::begin_sql`], and a lock wait longer than
+    /// the consumer's `batch_lock_timeout` fails (55P03) instead of waiting. A group holds the
+    /// row locks of all its deliveries until its COMMIT, so two groups that lock hot rows in
+    /// different orders deadlock, and the server breaks a deadlock only after
+    /// `deadlock_timeout` (1 s by default). A group whose wait is given up is sent back one
+    /// delivery at a time, each in a transaction without that limit.
+    pub fn begin_group_sql(&self) -> &str {
+        &self.begin_group_sql
     }
 
     /// Ends a delivery's transaction: the host's `SET LOCAL`s, `COMMIT`, the session reset.
@@ -61,7 +73,8 @@ pub fn quote_ident(name: &str) -> String {
 
 impl Wall {
     /// Reads the key, the schema of the host's tables and the server's `synchronous_commit`
-    /// through `pool`, a pool of the host's own role.
+    /// through `pool`, a pool of the host's own role. `group_lock_timeout`: the lock wait a
+    /// group-commit transaction allows (see [`Wall::begin_group_sql`]; `None`: no limit).
     ///
     /// A delivery's transaction begins (one round trip) with `READ WRITE` at `isolation`, the
     /// host's `synchronous_commit` and `statement_timeout`, and commits with that
@@ -72,6 +85,7 @@ impl Wall {
         pool: &PgPool,
         isolation: crate::config::Isolation,
         statement_timeout: std::time::Duration,
+        group_lock_timeout: Option<std::time::Duration>,
     ) -> Result<Wall, sqlx::Error> {
         let row = sqlx::query(
             "SELECT current_schema()::text, k.key, current_setting('synchronous_commit') \
@@ -95,6 +109,13 @@ impl Wall {
             isolation.sql(),
             statement_timeout.as_millis().max(1)
         );
+        let begin_group_sql = match group_lock_timeout {
+            Some(t) => format!(
+                "{begin_sql}; SET LOCAL lock_timeout = {}",
+                t.as_millis().max(1)
+            ),
+            None => begin_sql.clone(),
+        };
         Ok(Wall {
             key,
             claim_sql: format!("SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_backend_pid()"),
@@ -102,6 +123,7 @@ impl Wall {
             outbox_sql: format!("SELECT {s}.idemhost_outbox_insert($1, $2, $3, $4, $5, $6, $7)"),
             commit_sql,
             begin_sql,
+            begin_group_sql,
             rollback_sql,
         })
     }
