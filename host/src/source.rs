@@ -2,7 +2,6 @@
 //! `max_in_flight`, and settling each delivery — ack (confirmed) after commit, nak with backoff,
 //! or dead-letter with the original id, headers and payload, then term.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::{self, AckKind, stream};
 use futures::StreamExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -20,6 +19,7 @@ use crate::metrics::{ConsumerMetrics, EventTypeLabels, Metrics};
 use crate::registry::Slot;
 
 mod exhausted;
+mod gathering;
 mod group_limit;
 mod headers;
 pub mod ordering;
@@ -28,6 +28,7 @@ pub mod partition;
 mod props;
 mod pulling;
 mod settle;
+use gathering::Gathering;
 pub use headers::header;
 pub use headers::message_id;
 use ordering::{KeySpec, KeyedQueues};
@@ -43,65 +44,6 @@ pub const FAILURE_REASON_HEADER: &str = "Idemhost-Failure-Reason";
 pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
 pub const ORIGINAL_SUBJECT_HEADER: &str = "Idemhost-Original-Subject";
 pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
-
-/// Group commit: deliveries pulled and not started yet, and when the next group must start.
-/// Every delivery a pull request brings is read into it (the request's credits bound them), so
-/// each one waiting is in one place where it is told in progress every third of `ack_wait`:
-/// under load (a slow group, a deadlock the server breaks only after `deadlock_timeout`) the
-/// broker must not redeliver what waits here.
-#[derive(Default)]
-struct Gathering {
-    group: VecDeque<(jetstream::Message, OwnedSemaphorePermit)>,
-    until: Option<tokio::time::Instant>,
-    /// When the waiting deliveries are next told in progress.
-    progress_at: Option<tokio::time::Instant>,
-}
-
-impl Gathering {
-    /// Adds a pulled delivery; the first one starts the linger and the progress clock.
-    fn push(
-        &mut self,
-        delivery: (jetstream::Message, OwnedSemaphorePermit),
-        linger: Duration,
-        progress_every: Duration,
-    ) {
-        if self.group.is_empty() {
-            let now = tokio::time::Instant::now();
-            self.until = Some(now + linger);
-            self.progress_at = Some(now + progress_every);
-        }
-        self.group.push_back(delivery);
-    }
-
-    /// The next group: up to `batch_max` of the waiting deliveries, in arrival order. What
-    /// is left has waited its linger already: it is due as soon as a slot is free.
-    fn take(&mut self, batch_max: usize) -> Vec<(jetstream::Message, OwnedSemaphorePermit)> {
-        let n = self.group.len().min(batch_max);
-        let group = self.group.drain(..n).collect();
-        if self.group.is_empty() {
-            self.until = None;
-            self.progress_at = None;
-        } else {
-            self.until = Some(tokio::time::Instant::now());
-        }
-        group
-    }
-
-    /// Whether the group should start as soon as a transaction slot is free: it is full, or
-    /// its first delivery has waited `batch_linger`. Until a slot is free it keeps gathering,
-    /// so under load batches grow and at low load each delivery starts at once (with
-    /// `batch_linger = 0`).
-    fn due(&self, batch_max: usize) -> bool {
-        !self.group.is_empty()
-            && (self.group.len() >= batch_max
-                || self.until.is_some_and(|u| u <= tokio::time::Instant::now()))
-    }
-
-    /// Whether the group is waiting out its linger (not full, time not up).
-    fn lingering(&self, batch_max: usize) -> bool {
-        self.group.len() < batch_max && self.until.is_some_and(|u| u > tokio::time::Instant::now())
-    }
-}
 
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
@@ -383,6 +325,7 @@ impl ConsumerRuntime {
         ));
         let credits = Arc::new(Semaphore::new(pull_credits(&self.config)));
         let mut gathering = Gathering::default();
+        let mut caution = pulling::Caution::new(&self.client, self.config.ack_wait.0, PULL_EXPIRES);
         let mut tasks = JoinSet::new();
         let mut backoff = Duration::from_millis(100);
         let watcher = {
@@ -407,7 +350,9 @@ impl ConsumerRuntime {
                 held.push(c);
             }
             while tasks.try_join_next().is_some() {}
-            let batch = self.pull(held.len()).await;
+            let (ask, connects) = caution.ask(held.len());
+            held.truncate(ask);
+            let batch = self.pull(ask).await;
             let mut batch = match batch {
                 Ok(b) => b,
                 Err(e) => {
@@ -499,6 +444,9 @@ impl ConsumerRuntime {
                     }
                     None => break,
                 }
+            }
+            if caution.after(connects) {
+                warn!(consumer = %self.config.name, "the NATS connection was lost during a pull request; pulling one message at a time for a while, so that a message the client cannot read costs no other message its deliveries");
             }
             // The pull request is over: what it gathered starts now rather than wait for the
             // next request.

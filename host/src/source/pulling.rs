@@ -13,6 +13,8 @@
 //!
 //! [`partition`]: super::partition
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::StatusCode;
@@ -133,4 +135,51 @@ struct Request {
     context: jetstream::Context,
     stream: String,
     durable: String,
+}
+
+/// Pull requests of one message at a time for a while after the client lost its connection
+/// during one.
+///
+/// A message whose header block the client cannot read (bytes that are not UTF-8: JetStream
+/// stores what a producer sent) makes async-nats drop the connection when it arrives, and with
+/// it every message sent after it for the same request. Those come back an `ack_wait` later,
+/// each delivery counted, in a request with the unreadable one again — until the server's
+/// `max_deliver` gives up on them all and good messages are dead-lettered with the bad one. The
+/// bigger the requests (group commit pulls `2 × max_in_flight × batch_max`), the more of them.
+/// After a request during which the client reconnected, the next ones ask for one message each
+/// until `2 × ack_wait` (and a request's wait) has passed without another: the redeliveries
+/// then come one per request, and only the unreadable message loses its deliveries.
+pub(super) struct Caution {
+    stats: Arc<async_nats::Statistics>,
+    /// How long requests stay single after a reconnect.
+    window: Duration,
+    until: Option<tokio::time::Instant>,
+}
+
+impl Caution {
+    pub(super) fn new(client: &async_nats::Client, ack_wait: Duration, expires: Duration) -> Self {
+        Caution {
+            stats: client.statistics(),
+            window: ack_wait * 2 + expires,
+            until: None,
+        }
+    }
+
+    /// How many messages to ask for with `credits` free (all of them, or one while cautious),
+    /// and the client's connection count to give [`Caution::after`].
+    pub(super) fn ask(&self, credits: usize) -> (usize, u64) {
+        let single = self.until.is_some_and(|u| u > tokio::time::Instant::now());
+        let n = if single { credits.min(1) } else { credits };
+        (n, self.stats.connects.load(Ordering::Relaxed))
+    }
+
+    /// After a request: whether the client connected again since `connects` (then requests
+    /// are single for the window from now).
+    pub(super) fn after(&mut self, connects: u64) -> bool {
+        if self.stats.connects.load(Ordering::Relaxed) == connects {
+            return false;
+        }
+        self.until = Some(tokio::time::Instant::now() + self.window);
+        true
+    }
 }
