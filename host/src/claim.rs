@@ -517,7 +517,7 @@ impl Claimer {
                 .bind(handler.digest())
                 .fetch_all(&mut **tx)
                 .await?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        let pid: i32 = sqlx::query_scalar("SELECT pg_catalog.pg_backend_pid()")
             .fetch_one(&mut **tx)
             .await?;
         Ok((claimed.into_iter().flatten().collect(), pid))

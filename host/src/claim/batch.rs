@@ -2,8 +2,12 @@
 //!
 //! A batch first runs optimistically: one statement claims every id of the batch (and records
 //! the plugin version), then the handlers run one after another in the same transaction, then
-//! COMMIT. That is one round trip per batch for all the claims and none per message beyond
-//! the handler's own statements.
+//! COMMIT. That is one round trip per batch for all the claims, and per message the handler's
+//! own statements and one more: between one handler and the next the host clears what the
+//! plugin left in the session (settings, temporary objects, cursors, advisory locks: see
+//! [`Wall::between_sql`]), as the end of a delivery's own transaction does. What lasts until
+//! the group's COMMIT are the transaction's own: row locks, transaction-scoped advisory locks,
+//! uncommitted rows.
 //!
 //! If one message fails on its own (its handler's error, trap, timeout, a statement of its
 //! own), the transaction is rolled back: that message keeps its failure and the others run
@@ -146,6 +150,7 @@ impl Claimer {
         let mut claimed: HashSet<String> = claimed.into_iter().collect();
         let claim = started.elapsed();
         let mut parts = Vec::with_capacity(msgs.len());
+        let mut handled = false;
         for (index, msg) in msgs.iter().enumerate() {
             let mut timing = Timing {
                 claim,
@@ -156,6 +161,13 @@ impl Claimer {
             if !claimed.remove(msg.id.as_str()) {
                 parts.push(Part::done(Outcome::Duplicate, timing));
                 continue;
+            }
+            // A handler ran before this one in the transaction: cleared first.
+            if std::mem::replace(&mut handled, true)
+                && let Err(f) = clear(&mut tx, &wall).await
+            {
+                rollback(tx, &wall).await;
+                return Err(Stop::Batch(f));
             }
             let (back, failure) = self
                 .lend(tx, &wall, pid, handler, msg, &mut timing)
@@ -193,12 +205,20 @@ impl Claimer {
         let first_claim = failed.1.timing.claim;
         let mut failed = Some(failed);
         let mut parts = Vec::with_capacity(msgs.len());
+        let mut handled = false;
         for (index, msg) in msgs.iter().enumerate() {
             if let Some((_, part)) = failed.take_if(|(at, _)| *at == index) {
                 parts.push(part);
                 continue;
             }
+            // A handler ran before this one (its part may have been rolled back to its
+            // savepoint, which does not undo all a session holds): cleared first.
+            if handled && let Err(f) = clear(&mut tx, &wall).await {
+                rollback(tx, &wall).await;
+                return Err(f);
+            }
             let (back, mut part) = self.batch_part(tx, &wall, handler, msg).await?;
+            handled |= part.timing.handler.is_some();
             part.timing.claim += first_claim;
             tx = back;
             parts.push(part);
@@ -258,6 +278,35 @@ fn in_group(failure: AttemptFailure) -> AttemptFailure {
         cause: Rollback::Conflict,
         ..failure
     }
+}
+
+/// Clears what the last handler's plugin left in the session before the next one runs in the
+/// same transaction ([`Wall::between_sql`]). `Err` abandons the group: the statement failed, or
+/// the plugin left SQL-level prepared statements, which only closing the connection removes —
+/// its deliveries then run one by one, each ending with the session reset.
+async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
+    let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(wall.between_sql.clone()))
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(|e| {
+            tx.note_failure(&e);
+            AttemptFailure::db("failed to clear the session between deliveries", &e)
+        })?;
+    let left = rows
+        .last()
+        .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 0).ok())
+        .unwrap_or(false);
+    if left {
+        return Err(AttemptFailure {
+            kind: FailureKind::Retryable,
+            cause: Rollback::Database,
+            reason: "a plugin left prepared statements in the session; the group runs again \
+                     one delivery per transaction"
+                .into(),
+            lock_wait: false,
+        });
+    }
+    Ok(())
 }
 
 /// Runs a savepoint statement; its failure abandons the batch.

@@ -29,6 +29,9 @@ pub struct Wall {
     pub(crate) begin_sql: String,
     /// Opens a group-commit transaction: [`Wall::begin_sql`] and the group's `lock_timeout`.
     pub(crate) begin_group_sql: String,
+    /// Run in a group between one delivery's handler and the next one's (see
+    /// [`Wall::between_sql`]).
+    pub(crate) between_sql: String,
     /// Rolls a delivery back and resets the session.
     pub(crate) rollback_sql: String,
 }
@@ -47,6 +50,16 @@ impl Wall {
     /// delivery at a time, each in a transaction without that limit.
     pub fn begin_group_sql(&self) -> &str {
         &self.begin_group_sql
+    }
+
+    /// Clears, inside a group's transaction, what one delivery's plugin left in the session
+    /// before the next delivery's handler runs: the session reset (settings, temporary objects,
+    /// cursors, LISTEN, advisory locks; its last row says whether SQL-level prepared statements
+    /// are left), then the group's own settings again. Deliveries of a group share a
+    /// transaction, not what their plugin set in it: one round trip per delivery after the
+    /// first that ran its handler.
+    pub fn between_sql(&self) -> &str {
+        &self.between_sql
     }
 
     /// Ends a delivery's transaction: the host's `SET LOCAL`s, `COMMIT`, the session reset.
@@ -104,26 +117,34 @@ impl Wall {
         );
         let commit_sql = format!("{durability}; COMMIT; {SESSION_RESET}");
         let rollback_sql = format!("ROLLBACK; {SESSION_RESET}");
-        let begin_sql = format!(
-            "BEGIN ISOLATION LEVEL {} READ WRITE; {durability}; SET LOCAL statement_timeout = {}",
-            isolation.sql(),
+        let settings = format!(
+            "{durability}; SET LOCAL statement_timeout = {}",
             statement_timeout.as_millis().max(1)
         );
-        let begin_group_sql = match group_lock_timeout {
+        let group_settings = match group_lock_timeout {
             Some(t) => format!(
-                "{begin_sql}; SET LOCAL lock_timeout = {}",
+                "{settings}; SET LOCAL lock_timeout = {}",
                 t.as_millis().max(1)
             ),
-            None => begin_sql.clone(),
+            None => settings.clone(),
         };
+        let begin = format!("BEGIN ISOLATION LEVEL {} READ WRITE", isolation.sql());
+        let begin_sql = format!("{begin}; {settings}");
+        let begin_group_sql = format!("{begin}; {group_settings}");
+        // Inside the transaction: the reset's statements all run in one, and its settings
+        // (`RESET ALL` too) are the transaction's until it ends; then the host's again.
+        let between_sql = format!("{SESSION_RESET}; {group_settings}");
         Ok(Wall {
             key,
-            claim_sql: format!("SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_backend_pid()"),
+            claim_sql: format!(
+                "SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_catalog.pg_backend_pid()"
+            ),
             claim_all_sql: format!("SELECT {s}.idemhost_claim_all($1, $2, $3, $4)"),
             outbox_sql: format!("SELECT {s}.idemhost_outbox_insert($1, $2, $3, $4, $5, $6, $7)"),
             commit_sql,
             begin_sql,
             begin_group_sql,
+            between_sql,
             rollback_sql,
         })
     }

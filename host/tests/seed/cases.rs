@@ -45,11 +45,16 @@ async fn paused_inventory(env: &TestEnv) -> sqlx::Transaction<'static, sqlx::Pos
     row_lock
 }
 
+/// In group-commit mode the group waits on a competing claim or row as long as the server lets
+/// it, so the seed's timelines play out inside the group: with `batch_lock_timeout` the group
+/// would give such a wait up after 50 ms and send the delivery back alone (`batch.rs` tests
+/// that).
 fn claimer(env: &TestEnv, consumer: &str, isolation: Isolation) -> Arc<Claimer> {
-    Arc::new(Claimer::new(
-        env.pool.clone(),
-        ClaimSettings::new(consumer, isolation),
-    ))
+    let mut settings = ClaimSettings::new(consumer, isolation);
+    if BATCH {
+        settings.group_lock_timeout = None;
+    }
+    Arc::new(Claimer::new(env.pool.clone(), settings))
 }
 
 /// 1. One event delivered twice, one after the other: one marker, one decrement.
