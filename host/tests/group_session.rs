@@ -43,6 +43,8 @@ async fn a_group_clears_the_session_between_deliveries() {
         + 8 * (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema())::int \
         + 16 * (SELECT count(*) FROM pg_cursors WHERE name = 'held')::int \
         + 32 * (SELECT count(*) FROM pg_listening_channels())::int \
+        + 128 * (current_setting('lock_timeout') <> '50ms')::int \
+        + 256 * (current_setting('statement_timeout') <> '5s')::int \
         WHERE sku = 'sku-1'";
     let record = serde_json::json!({"steps": [{"execute": sql}]}).to_string();
     let results = c
@@ -64,7 +66,8 @@ async fn a_group_clears_the_session_between_deliveries() {
         env.reserved("sku-1").await,
         64,
         "the second handler saw state the first one left (bits: 1 work_mem, 2 synchronous_commit, \
-         4 advisory lock, 8 temp table, 16 cursor, 32 LISTEN)"
+         4 advisory lock, 8 temp table, 16 cursor, 32 LISTEN; 128 and 256: the group's lock_timeout \
+         and statement_timeout lost)"
     );
     env.cleanup().await;
 }

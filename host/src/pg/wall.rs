@@ -53,9 +53,10 @@ impl Wall {
     }
 
     /// Clears, inside a group's transaction, what one delivery's plugin left in the session
-    /// before the next delivery's handler runs: the session reset (settings, temporary objects,
-    /// cursors, LISTEN, advisory locks; its last row says whether SQL-level prepared statements
-    /// are left), then the group's own settings again. Deliveries of a group share a
+    /// before the next delivery's handler runs: settings, temporary objects, cursors, session
+    /// advisory locks (a LISTEN takes effect only at COMMIT, after which the session reset
+    /// undoes it), then sets the group's own settings again; its row says whether SQL-level
+    /// prepared statements are left. Deliveries of a group share a
     /// transaction, not what their plugin set in it: one round trip per delivery after the
     /// first that ran its handler.
     pub fn between_sql(&self) -> &str {
@@ -131,9 +132,30 @@ impl Wall {
         let begin = format!("BEGIN ISOLATION LEVEL {} READ WRITE", isolation.sql());
         let begin_sql = format!("{begin}; {settings}");
         let begin_group_sql = format!("{begin}; {group_settings}");
-        // Inside the transaction: the reset's statements all run in one, and its settings
-        // (`RESET ALL` too) are the transaction's until it ends; then the host's again.
-        let between_sql = format!("{SESSION_RESET}; {group_settings}");
+        // Inside the transaction: `RESET ALL` and the settings after it are the transaction's
+        // until it ends. LISTEN is left to the reset after COMMIT: it takes effect only then.
+        // The settings go in one SELECT with the lock release and the check (as `SET LOCAL`):
+        // four statements rather than nine, the last one's row the answer.
+        let mut locals = vec![
+            ("synchronous_commit", synchronous_commit.replace('\'', "''")),
+            (
+                "statement_timeout",
+                statement_timeout.as_millis().max(1).to_string(),
+            ),
+        ];
+        if let Some(t) = group_lock_timeout {
+            locals.push(("lock_timeout", t.as_millis().max(1).to_string()));
+        }
+        let locals: Vec<String> = locals
+            .iter()
+            .map(|(name, value)| format!("pg_catalog.set_config('{name}', '{value}', true)"))
+            .collect();
+        let between_sql = format!(
+            "RESET ALL; DISCARD TEMP; CLOSE ALL; \
+             SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements WHERE from_sql) \
+             FROM (SELECT pg_catalog.pg_advisory_unlock_all(), {}) AS host",
+            locals.join(", ")
+        );
         Ok(Wall {
             key,
             claim_sql: format!(
