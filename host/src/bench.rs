@@ -82,6 +82,9 @@ pub struct BenchOptions {
     /// is free).
     #[arg(long, default_value = "0s")]
     pub batch_linger: String,
+    /// `batch_lock_timeout` of the group-commit runs.
+    #[arg(long, default_value = "50ms")]
+    pub batch_lock_timeout: String,
     /// Seconds of each pgbench run (0: skip pgbench).
     #[arg(long, default_value_t = 10)]
     pub pgbench_seconds: u32,
@@ -197,31 +200,7 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
             }
         }
     }
-    // The paced run: the default configuration at half its peak.
-    let default = default_mode(&o, &runs);
-    let peak = runs
-        .iter()
-        .filter(|r| r.mode == default)
-        .map(|r| r.per_second)
-        .fold(0.0, f64::max);
-    let latency = if o.latency_seconds > 0 && peak > 0.0 {
-        let settings = mode_config(&o, default, top);
-        Some(
-            latency::paced(
-                &o,
-                &db_url,
-                &client,
-                &js,
-                top,
-                peak / 2.0,
-                default,
-                &settings,
-            )
-            .await?,
-        )
-    } else {
-        None
-    };
+    let latency = latency::runs(&o, &db_url, (&client, &js), top, &runs).await?;
     let rss = eight_consumers(&o, &db_url, &js).await?;
     let _ = js.delete_stream(STREAM).await;
     let _ = js.delete_stream("IDEMHOST_BENCH_DLQ").await;
@@ -599,13 +578,14 @@ impl Handler for RecordedNative {
 fn mode_config(o: &BenchOptions, mode: &str, c: u32) -> String {
     match mode {
         "batch" => format!(
-            "max_in_flight = {}\nbatch_max = {}\nbatch_linger = \"{}\"\n",
+            "max_in_flight = {}\nbatch_max = {}\nbatch_linger = \"{}\"\nbatch_lock_timeout = \"{}\"\n",
             match o.batch_in_flight {
                 0 => c,
                 n => n,
             },
             o.batch_max,
-            o.batch_linger
+            o.batch_linger,
+            o.batch_lock_timeout
         ),
         _ => format!("max_in_flight = {c}\nbatch_max = 1\n"),
     }
@@ -616,6 +596,8 @@ fn mode_config(o: &BenchOptions, mode: &str, c: u32) -> String {
 fn default_mode(o: &BenchOptions, runs: &[HostRun]) -> &'static str {
     let defaults = o.batch_max == crate::config::DEFAULT_BATCH_MAX
         && humantime::parse_duration(&o.batch_linger).is_ok_and(|d| d.is_zero())
+        && humantime::parse_duration(&o.batch_lock_timeout)
+            .is_ok_and(|d| d == crate::config::DEFAULT_BATCH_LOCK_TIMEOUT)
         && o.batch_in_flight == 0;
     if defaults && runs.iter().any(|r| r.mode == "batch") {
         "batch"

@@ -35,6 +35,14 @@ fn bench_smoke_runs_every_mode_and_verifies_each() {
         "{stdout}"
     );
     assert!(report["latency"]["p99_ms"].as_f64().is_some(), "{stdout}");
+    // Beside it, the same load both ways: per message at half its own peak, and the default.
+    let same_load = &report["latency"]["at_per_message_load"];
+    assert_eq!(same_load["per_message"]["mode"], "wasm", "{stdout}");
+    assert_eq!(same_load["default"]["mode"], "batch", "{stdout}");
+    assert_eq!(
+        same_load["per_message"]["rate"], same_load["default"]["rate"],
+        "{stdout}"
+    );
     assert_eq!(report["memory"]["consumers"], 8);
     assert!(stdout.contains("| c | wasm msg/s |"), "{stdout}");
     bench_runs_only_the_modes_asked_for();

@@ -11,10 +11,63 @@ use async_nats::jetstream;
 use futures::StreamExt;
 
 use super::{
-    BenchOptions, CONSUMER, STREAM, SUBJECT, dead_letter_stream, host_config, order, peers,
-    publish, reset, start_host, verify,
+    BenchOptions, CONSUMER, HostRun, STREAM, SUBJECT, dead_letter_stream, default_mode,
+    host_config, mode_config, order, peers, publish, reset, start_host, verify,
 };
 use crate::host::Host;
+
+/// The paced runs: the default configuration at half its peak (the target's figure). When the
+/// default is group commit, also per message (WASM) at half its own peak and group commit at
+/// that same rate, under `at_per_message_load`: the same load both ways. `None` when skipped.
+pub(super) async fn runs(
+    o: &BenchOptions,
+    db_url: &str,
+    (client, js): (&async_nats::Client, &jetstream::Context),
+    c: u32,
+    runs: &[HostRun],
+) -> anyhow::Result<Option<serde_json::Value>> {
+    let peak = |mode: &str| {
+        runs.iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.per_second)
+            .fold(0.0, f64::max)
+    };
+    let default = default_mode(o, runs);
+    if o.latency_seconds == 0 || peak(default) <= 0.0 {
+        return Ok(None);
+    }
+    let settings = mode_config(o, default, c);
+    let mut main = paced(
+        o,
+        db_url,
+        client,
+        js,
+        c,
+        peak(default) / 2.0,
+        default,
+        &settings,
+    )
+    .await?;
+    let per_message_rate = peak("wasm") / 2.0;
+    if default != "wasm" && per_message_rate > 0.0 {
+        let wasm = mode_config(o, "wasm", c);
+        let per_message = paced(o, db_url, client, js, c, per_message_rate, "wasm", &wasm).await?;
+        let grouped = paced(
+            o,
+            db_url,
+            client,
+            js,
+            c,
+            per_message_rate,
+            default,
+            &settings,
+        )
+        .await?;
+        main["at_per_message_load"] =
+            serde_json::json!({ "per_message": per_message, "default": grouped });
+    }
+    Ok(Some(main))
+}
 
 /// Publishes at `rate` per second for `latency_seconds` while the host (WASM, `c` in flight,
 /// the consumer `settings` of run `mode`) consumes, and measures each message from just before
@@ -137,7 +190,7 @@ pub(super) async fn paced(
     }
     let q = |p: f64| ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)];
     println!(
-        "latency at {rate:.0} msg/s (half the {mode} peak), c={c}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {total} messages",
+        "latency of {mode} at {rate:.0} msg/s, c={c}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {total} messages",
         q(0.5),
         q(0.99),
         ms[ms.len() - 1]
