@@ -2,23 +2,27 @@
 //! in the session. With the SQL gate off (the `ungated` failpoint: what PostgreSQL's walls hold
 //! on their own, as `wall.rs` checks for deliveries each in its own transaction), the first
 //! delivery's handler changes every kind of session state the gate would have refused; the
-//! second one's handler, in the same transaction, records what it still sees. Alone in its test
-//! binary: the failpoint is read once per process.
+//! second one's handler, in the same transaction, records what it still sees. In a test binary
+//! of its own: the failpoint is read once per process.
 
 mod common;
 
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use common::*;
-use idemhost::{ClaimSettings, Isolation, Outcome};
+use idemhost::{ClaimSettings, Claimer, Isolation, Outcome, WasmHandler};
 
 const CONSUMER: &str = "testkit-v1";
 
-#[tokio::test]
-async fn a_group_clears_the_session_between_deliveries() {
-    // SAFETY: set before any thread of this test reads the environment; the only test here.
-    unsafe { std::env::set_var("IDEMHOST_FAILPOINT", "ungated") };
-    let env = TestEnv::new("group_session").await;
+/// The SQL gate off (once per process), a schema with stock, the testkit plugin and a claimer
+/// behind the plugin wall.
+async fn ungated(tag: &str) -> (TestEnv, Arc<WasmHandler>, Claimer) {
+    static UNGATED: Once = Once::new();
+    // SAFETY: set once, before any statement of these tests reads it; nothing else here sets
+    // or reads the environment meanwhile.
+    UNGATED.call_once(|| unsafe { std::env::set_var("IDEMHOST_FAILPOINT", "ungated") });
+    let env = TestEnv::new(tag).await;
     env.seed_inventory(&[("sku-1", 1_000)]).await;
     let plugin = load_plugin("testkit", Duration::from_secs(5));
     let c = env
@@ -27,6 +31,12 @@ async fn a_group_clears_the_session_between_deliveries() {
             &["inventory"],
         )
         .await;
+    (env, plugin, c)
+}
+
+#[tokio::test]
+async fn a_group_clears_the_session_between_deliveries() {
+    let (env, plugin, c) = ungated("group_session").await;
     let leave = r#"{"steps":[
         {"query":"SELECT set_config('work_mem', '1MB', false)"},
         {"execute":"UPDATE pg_settings SET setting = 'off' WHERE name = 'synchronous_commit'"},
@@ -69,5 +79,31 @@ async fn a_group_clears_the_session_between_deliveries() {
          4 advisory lock, 8 temp table, 16 cursor, 32 LISTEN; 128 and 256: the group's lock_timeout \
          and statement_timeout lost)"
     );
+    env.cleanup().await;
+}
+
+/// A handler that makes its group's transaction read-only (`SET TRANSACTION READ ONLY`, which
+/// nothing undoes inside it) does not fail the deliveries after it: the group is run again one
+/// delivery per transaction, and each applies once.
+#[tokio::test]
+async fn a_read_only_turn_does_not_fail_the_rest_of_the_group() {
+    let (env, plugin, c) = ungated("group_read_only").await;
+    let turns = r#"{"steps":[
+        {"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"},
+        {"execute":"SET TRANSACTION READ ONLY"}
+    ]}"#;
+    let writes = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 10 WHERE sku = 'sku-1'"}]}"#;
+    let results = c
+        .process_batch(
+            plugin.as_ref(),
+            &[message("turns-read-only", turns), message("writes", writes)],
+        )
+        .await;
+    assert!(
+        results.iter().all(|p| p.outcome == Outcome::Applied),
+        "{results:?}"
+    );
+    assert_eq!(env.reserved("sku-1").await, 11, "each applied once");
+    assert_eq!(env.markers(CONSUMER).await, 2);
     env.cleanup().await;
 }

@@ -281,9 +281,10 @@ fn in_group(failure: AttemptFailure) -> AttemptFailure {
 }
 
 /// Clears what the last handler's plugin left in the session before the next one runs in the
-/// same transaction ([`Wall::between_sql`]). `Err` abandons the group: the statement failed, or
-/// the plugin left SQL-level prepared statements, which only closing the connection removes —
-/// its deliveries then run one by one, each ending with the session reset.
+/// same transaction ([`Wall::between_sql`]). `Err` abandons the group: the statement failed, the
+/// plugin left SQL-level prepared statements (which only closing the connection removes) or
+/// made the transaction read-only — its deliveries then run one by one, each judged alone and
+/// ending with the session reset.
 async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
     let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(wall.between_sql.clone()))
         .fetch_all(&mut **tx)
@@ -300,8 +301,8 @@ async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
         return Err(AttemptFailure {
             kind: FailureKind::Retryable,
             cause: Rollback::Database,
-            reason: "a plugin left prepared statements in the session; the group runs again \
-                     one delivery per transaction"
+            reason: "a plugin left prepared statements in the session or made the transaction \
+                     read-only; the group runs again one delivery per transaction"
                 .into(),
             lock_wait: false,
         });

@@ -56,7 +56,8 @@ impl Wall {
     /// before the next delivery's handler runs: settings, temporary objects, cursors, session
     /// advisory locks (a LISTEN takes effect only at COMMIT, after which the session reset
     /// undoes it), then sets the group's own settings again; its row says whether SQL-level
-    /// prepared statements are left. Deliveries of a group share a
+    /// prepared statements are left or the transaction was made read-only (`SET TRANSACTION
+    /// READ ONLY` cannot be undone in it, and would fail the next deliveries' writes). Deliveries of a group share a
     /// transaction, not what their plugin set in it: one round trip per delivery after the
     /// first that ran its handler.
     pub fn between_sql(&self) -> &str {
@@ -153,6 +154,7 @@ impl Wall {
         let between_sql = format!(
             "RESET ALL; DISCARD TEMP; CLOSE ALL; \
              SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements WHERE from_sql) \
+             OR pg_catalog.current_setting('transaction_read_only')::bool \
              FROM (SELECT pg_catalog.pg_advisory_unlock_all(), {}) AS host",
             locals.join(", ")
         );
