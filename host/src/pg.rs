@@ -14,6 +14,7 @@ pub mod failover;
 mod tx;
 pub mod wall;
 pub use failover::Failover;
+pub(crate) use tx::last_flag;
 pub use tx::{Connections, Tx, session_failed};
 pub use wall::Wall;
 

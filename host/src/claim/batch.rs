@@ -293,11 +293,7 @@ async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
             tx.note_failure(&e);
             AttemptFailure::db("failed to clear the session between deliveries", &e)
         })?;
-    let left = rows
-        .last()
-        .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 0).ok())
-        .unwrap_or(false);
-    if left {
+    if crate::pg::last_flag(&rows) {
         return Err(AttemptFailure {
             kind: FailureKind::Retryable,
             cause: Rollback::Database,

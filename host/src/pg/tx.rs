@@ -223,6 +223,14 @@ impl Connections {
     }
 }
 
+/// Whether the last row of a multi-statement reset is a single `true` (the session holds state
+/// the reset cannot undo: see [`super::Wall`]).
+pub(crate) fn last_flag(rows: &[PgRow]) -> bool {
+    rows.last()
+        .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 0).ok())
+        .unwrap_or(false)
+}
+
 /// An open transaction. Statements run on it through `&mut *tx` (a [`PgConnection`]).
 pub struct Tx {
     /// `None` once the transaction ended.
@@ -270,10 +278,7 @@ impl Tx {
         let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
             .fetch_all(&mut *self)
             .await?;
-        let discard = rows
-            .last()
-            .and_then(|row| sqlx::Row::try_get::<bool, _>(row, 0).ok())
-            .unwrap_or(false);
+        let discard = last_flag(&rows);
         if let Some(conn) = self.conn.take() {
             if discard || self.session_failed {
                 tracing::debug!(

@@ -81,6 +81,15 @@ const SESSION_RESET: &str = "RESET ALL; DISCARD TEMP; CLOSE ALL; UNLISTEN *; \
      SELECT pg_advisory_unlock_all(); \
      SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE from_sql)";
 
+/// `SET LOCAL name = 'value'` for each setting (values already escaped), `;`-separated.
+fn set_local(settings: &[(&str, String)]) -> String {
+    settings
+        .iter()
+        .map(|(name, value)| format!("SET LOCAL {name} = '{value}'"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// `name` as a quoted identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -112,42 +121,33 @@ impl Wall {
         let key: String = row.try_get(1)?;
         let synchronous_commit: String = row.try_get(2)?;
         let s = quote_ident(&schema);
-        // The setting's value is one of a fixed set of words; quoted all the same.
-        let durability = format!(
-            "SET LOCAL synchronous_commit = '{}'",
-            synchronous_commit.replace('\'', "''")
+        // The host's settings of a delivery's transaction, as (name, value); a group's adds its
+        // lock timeout. `synchronous_commit` is one of a fixed set of words; quoted all the same.
+        let durability = ("synchronous_commit", synchronous_commit.replace('\'', "''"));
+        let commit_sql = format!(
+            "{}; COMMIT; {SESSION_RESET}",
+            set_local(std::slice::from_ref(&durability))
         );
-        let commit_sql = format!("{durability}; COMMIT; {SESSION_RESET}");
         let rollback_sql = format!("ROLLBACK; {SESSION_RESET}");
-        let settings = format!(
-            "{durability}; SET LOCAL statement_timeout = {}",
-            statement_timeout.as_millis().max(1)
-        );
-        let group_settings = match group_lock_timeout {
-            Some(t) => format!(
-                "{settings}; SET LOCAL lock_timeout = {}",
-                t.as_millis().max(1)
-            ),
-            None => settings.clone(),
-        };
-        let begin = format!("BEGIN ISOLATION LEVEL {} READ WRITE", isolation.sql());
-        let begin_sql = format!("{begin}; {settings}");
-        let begin_group_sql = format!("{begin}; {group_settings}");
-        // Inside the transaction: `RESET ALL` and the settings after it are the transaction's
-        // until it ends. LISTEN is left to the reset after COMMIT: it takes effect only then.
-        // The settings go in one SELECT with the lock release and the check (as `SET LOCAL`):
-        // four statements rather than nine, the last one's row the answer.
         let mut locals = vec![
-            ("synchronous_commit", synchronous_commit.replace('\'', "''")),
+            durability,
             (
                 "statement_timeout",
                 statement_timeout.as_millis().max(1).to_string(),
             ),
         ];
+        let begin = format!("BEGIN ISOLATION LEVEL {} READ WRITE", isolation.sql());
+        let begin_sql = format!("{begin}; {}", set_local(&locals));
         if let Some(t) = group_lock_timeout {
             locals.push(("lock_timeout", t.as_millis().max(1).to_string()));
         }
-        let locals: Vec<String> = locals
+        let begin_group_sql = format!("{begin}; {}", set_local(&locals));
+        // Inside the transaction: `RESET ALL` and the settings after it are the transaction's
+        // until it ends. LISTEN is left to the reset after COMMIT: it takes effect only then.
+        // The settings go in one SELECT with the lock release and the check (`set_config(...,
+        // true)` is `SET LOCAL`): four statements rather than nine, the last one's row the
+        // answer.
+        let set_configs: Vec<String> = locals
             .iter()
             .map(|(name, value)| format!("pg_catalog.set_config('{name}', '{value}', true)"))
             .collect();
@@ -156,7 +156,7 @@ impl Wall {
              SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements WHERE from_sql) \
              OR pg_catalog.current_setting('transaction_read_only')::bool \
              FROM (SELECT pg_catalog.pg_advisory_unlock_all(), {}) AS host",
-            locals.join(", ")
+            set_configs.join(", ")
         );
         Ok(Wall {
             key,
