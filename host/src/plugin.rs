@@ -46,6 +46,19 @@ const MAX_LOG_LINES: u32 = 100;
 const MAX_LOG_LINE_BYTES: usize = 4096;
 /// Slots whose leftover memory is decommitted with one batch of system calls.
 const DECOMMIT_BATCH: usize = 16;
+
+/// Core instances one component may hold. A Rust or C component has a handful (its module and
+/// the adapter shims); componentize-py links the interpreter's libraries as separate modules:
+/// 38 for the inventory example. The pool counts them (no memory is reserved per core
+/// instance); when the total was 8 per component, a Python consumer at `max_in_flight = 8`
+/// could run 3 instances at once and the rest of its deliveries failed for want of a slot.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+
+/// Linear memories one component may hold (each reserves a pool slot of `max_memory`).
+const MEMORIES_PER_COMPONENT: u32 = 2;
+
+/// Tables one component may hold (each reserves a pool slot).
+const TABLES_PER_COMPONENT: u32 = 8;
 /// Table elements are charged against the memory budget at this many bytes each.
 const TABLE_ELEMENT_BYTES: usize = 16;
 
@@ -117,13 +130,17 @@ impl PluginRuntime {
         config.epoch_interruption(true);
         let n = pool.instances.max(1);
         let mut pooling = PoolingAllocationConfig::default();
-        // A component holds several core instances (its module plus adapter shims), and may
-        // have more than one memory or table.
+        // The totals are `n` times what one component may hold, so any `n` instances of
+        // components that loaded fit at once; a component holding more is refused at load
+        // (its trial instantiation), not at a delivery.
         pooling
             .total_component_instances(n)
-            .total_core_instances(n.saturating_mul(8))
-            .total_memories(n.saturating_mul(2))
-            .total_tables(n.saturating_mul(8))
+            .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+            .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
+            .max_memories_per_component(MEMORIES_PER_COMPONENT)
+            .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
+            .max_tables_per_component(TABLES_PER_COMPONENT)
+            .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
             .total_stacks(n)
             .max_memory_size(pool.max_memory)
             // An interpreter (Python, JavaScript) dirties megabytes of its heap image in every

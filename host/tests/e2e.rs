@@ -104,6 +104,46 @@ fn nats_durable() -> String {
     CONSUMER.to_string()
 }
 
+/// A Python plugin (componentize-py links the interpreter as 38 core modules in one component)
+/// runs at its consumer's `max_in_flight`: every delivery is applied at its first attempt.
+/// When the instance pool allowed 8 core instances per component, 3 Python instances fitted at
+/// `max_in_flight = 8` and the other deliveries trapped ("maximum concurrent limit ... for core
+/// instances reached"), were nak'ed and came back a second later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_runs_at_its_consumers_concurrency() {
+    let env = TestEnv::new("e2epy").await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let nats = NatsEnv::new("e2epy", Duration::from_millis(100)).await;
+    // One delivery per transaction: 8 handlers, so 8 instances, at once.
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "inventory-py",
+        "max_in_flight = 8\nbatch_max = 1\nack_wait = \"30s\"",
+    )));
+    let n = 96;
+    for i in 0..n {
+        let id = format!("evt-{i}");
+        nats.publish(Some(&id), &order_payload(&id, "sku-1", 1))
+            .await;
+    }
+    let info = nats
+        .wait_drained(&nats_durable(), Duration::from_secs(120))
+        .await;
+    // Deliveries counted by the broker, redeliveries included (`num_redelivered` counts only
+    // the unacknowledged ones).
+    assert_eq!(
+        info.delivered.consumer_sequence, n,
+        "every message delivered once, applied at its first attempt"
+    );
+    assert_eq!(env.markers(CONSUMER).await, n as i64);
+    assert_eq!(env.reserved("sku-1").await, n as i64);
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
 /// Terminal failures (unknown SKU, malformed JSON), a payload over `max_payload` and refused ids
 /// (missing, empty, too long)
 /// are dead-lettered with the original id, headers and payload plus the reason, then

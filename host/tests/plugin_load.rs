@@ -186,3 +186,19 @@ fn cache_directory_writable_by_others_is_refused() {
     assert!(rt.compile_cache_dir().is_none());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A component holding more core instances than the pool grants one component (64) is refused
+/// at load, with the count named: were it loaded, a few of its instances would take every
+/// slot and the deliveries of every consumer would fail.
+#[test]
+fn component_with_too_many_core_instances_is_refused_at_load() {
+    let instances = "(core instance (instantiate $m))\n".repeat(65);
+    let err = refuse(&format!("(component (core module $m) {instances})"));
+    assert!(
+        err.contains("65 core module instances, which exceeds the configured maximum of 64"),
+        "{err}"
+    );
+    let fits = "(core instance (instantiate $m))\n".repeat(64);
+    let err = refuse(&format!("(component (core module $m) {fits})"));
+    assert!(err.contains("does not export"), "{err}");
+}
