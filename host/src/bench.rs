@@ -85,6 +85,10 @@ pub struct BenchOptions {
     /// `batch_lock_timeout` of the group-commit runs.
     #[arg(long, default_value = "50ms")]
     pub batch_lock_timeout: String,
+    /// `plugins.keep_resident` of the host runs: how much of each pooled memory is reset in
+    /// place (kept resident) rather than decommitted after a delivery.
+    #[arg(long, default_value = "4MiB")]
+    pub keep_resident: String,
     /// Seconds of each pgbench run (0: skip pgbench).
     #[arg(long, default_value_t = 10)]
     pub pgbench_seconds: u32,
@@ -450,9 +454,10 @@ fn host_config(
 ) -> anyhow::Result<Config> {
     let mut text = format!(
         "[nats]\nurl = \"{}\"\n[postgres]\nurl = \"{db_url}\"\nmax_connections = {}\n\
-         [metrics]\nconsumer_interval = \"0s\"\nmarker_interval = \"0s\"\n[plugins]\nwatch = false\n",
+         [metrics]\nconsumer_interval = \"0s\"\nmarker_interval = \"0s\"\n[plugins]\nwatch = false\nkeep_resident = \"{}\"\n",
         o.nats_url,
         o.concurrency.iter().max().copied().unwrap_or(16).max(4) * consumers as u32 + 4,
+        o.keep_resident,
     );
     for k in 0..consumers {
         let (name, subject) = if consumers == 1 {
