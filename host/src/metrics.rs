@@ -101,6 +101,7 @@ pub struct Metrics {
     outbox_lag: Seconds,
     outbox_oldest: Gauge<f64, AtomicU64>,
     outbox_set_aside: Gauge,
+    outbox_passes: Counter,
     plugins: Arc<PluginCollector>,
 }
 
@@ -138,6 +139,7 @@ impl Metrics {
             outbox_lag: seconds(),
             outbox_oldest: Gauge::default(),
             outbox_set_aside: Gauge::default(),
+            outbox_passes: Counter::default(),
             plugins: Arc::new(PluginCollector::default()),
             registry: Registry::default(),
         };
@@ -266,6 +268,12 @@ impl Metrics {
              see `idemhost outbox list` and `idemhost outbox retry`",
             m.outbox_set_aside.clone(),
         );
+        r.register(
+            "outbox_relay_passes",
+            "Passes of the outbox relay over outbox_message: one per wake-up (notifications \
+             already waiting count as one) and per poll_interval",
+            m.outbox_passes.clone(),
+        );
         r.register_collector(Box::new(m.plugins.clone()));
         Metrics { registry: r, ..m }
     }
@@ -362,6 +370,11 @@ impl Metrics {
                 consumer: consumer.to_string(),
             })
             .inc();
+    }
+
+    /// Counts one pass of the outbox relay.
+    pub fn outbox_pass(&self) {
+        self.outbox_passes.inc();
     }
 
     pub fn set_outbox_set_aside(&self, rows: i64) {

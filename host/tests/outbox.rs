@@ -398,3 +398,60 @@ async fn a_broker_that_does_not_answer_counts_no_attempt() {
     assert_eq!(stored_in(&js, "OUTAGE").await, 5);
     env.cleanup().await;
 }
+
+/// The relay's passes so far, from the host's metrics.
+async fn relay_passes(admin: &str) -> u64 {
+    let metrics =
+        idemhost::admin::http::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
+            .await
+            .unwrap();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("idemhost_outbox_relay_passes_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no relay pass counter in {metrics}"))
+}
+
+/// 1,000 notifications on the relay's channel in one transaction (distinct payloads, which
+/// PostgreSQL does not fold; what a handler calling pg_notify can send) wake the relay for a
+/// few passes, not one pass each; a row committed after them still wakes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_notifications_costs_a_few_passes() {
+    let env = TestEnv::new("outbox_burst").await;
+    let nats = NatsEnv::new("outbox_burst", Duration::from_millis(200)).await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    // Polling out of the way: every pass counted here is a wake-up by notification.
+    let text = config_text(&env, &nats, NAME, "testkit", "")
+        + &format!("\n[admin]\nlisten = \"{admin}\"\n[outbox]\npoll_interval = \"60s\"\n");
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    wait_ready(&admin, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let before = relay_passes(&admin).await;
+    env.execute(&format!(
+        "SELECT count(pg_notify('{}', g::text)) FROM generate_series(1, 1000) g",
+        idemhost::outbox::relay::CHANNEL
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let passes = relay_passes(&admin).await - before;
+    println!("1,000 notifications in one transaction: {passes} relay passes");
+    // Other tests' commits in this database notify the same channel: a little room for them.
+    assert!(passes <= 50, "{passes} relay passes for one burst");
+
+    // Still woken by a commit, long before the next poll.
+    let subject = format!("{}.events.after", nats.prefix);
+    env.execute(&format!(
+        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
+         VALUES ('burst-v1', 'm-1', 0, '{subject}', '[]', 'after')"
+    ))
+    .await;
+    wait_until(Duration::from_secs(5), "the row to leave", || async {
+        (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(events(&nats, &subject).await.len(), 1);
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}

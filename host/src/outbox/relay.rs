@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
+use futures::FutureExt as _;
 use sqlx::postgres::PgListener;
 use sqlx::types::Json;
 use sqlx::{PgPool, Row as _};
@@ -86,6 +87,7 @@ pub fn spawn(
         // Every wake-up drains; after `stop`, one last pass sends what the final deliveries
         // committed, then the relay ends.
         loop {
+            metrics.outbox_pass();
             match drain(&pool, &js, &metrics, batch, retry).await {
                 // A full batch: more may be waiting.
                 Ok(n) if n == batch as usize => continue,
@@ -121,7 +123,9 @@ pub fn spawn(
                 _ = stop.changed() => {}
                 _ = tokio::time::sleep(poll) => {}
                 woke = notified(&mut listener) => {
-                    if !woke {
+                    if woke {
+                        swallow_waiting(&mut listener);
+                    } else {
                         // The listener failed: poll only until it is back.
                         tokio::time::sleep(poll).await;
                         listener = listen(&pool).await;
@@ -153,6 +157,26 @@ async fn notified(listener: &mut Option<PgListener>) -> bool {
     match listener {
         Some(l) => l.recv().await.is_ok(),
         None => std::future::pending().await,
+    }
+}
+
+/// Notifications one wake-up takes in at most; a flood longer than that costs a pass per this
+/// many (the pass after it reads every due row anyway).
+const SWALLOW_AT_MOST: usize = 10_000;
+
+/// Takes in the notifications already received, without waiting: the pass that follows reads
+/// every due row, so they are one wake-up, not one pass each. Every delivery that wrote the
+/// outbox notifies at its commit, and a handler may NOTIFY the channel itself with distinct
+/// payloads (PostgreSQL folds only equal ones), thousands in one transaction.
+fn swallow_waiting(listener: &mut Option<PgListener>) {
+    let Some(l) = listener else { return };
+    for _ in 0..SWALLOW_AT_MOST {
+        // Polled once: ready only if the notification is in already. Dropping the pending
+        // future is what a `select!` over `recv` does on every other wake-up too.
+        match l.recv().now_or_never() {
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return,
+        }
     }
 }
 
