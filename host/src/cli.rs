@@ -43,7 +43,7 @@ pub enum Command {
         no_migrate: bool,
     },
     /// Measure throughput and latency side by side with pgbench and the seed's Node consumer
-    /// (see the README's Benchmark section); prints a table, then one JSON line.
+    /// (see docs/benchmark.md); prints a table, then one JSON line.
     Bench(crate::bench::BenchOptions),
     /// Apply the host's migrations (the `processed_message` table) and exit.
     Migrate {

@@ -190,7 +190,7 @@ pub struct MetricsConfig {
     pub consumer_interval: Dur,
     /// How often marker table growth is sampled (rows and oldest marker per consumer, table
     /// bytes). The row count is an index-only scan of the consumer's markers — its cost grows
-    /// with the table (see the README); `"0s"` disables it.
+    /// with the table (see docs/operations.md, Metrics); `"0s"` disables it.
     #[serde(default = "d_60s")]
     pub marker_interval: Dur,
 }

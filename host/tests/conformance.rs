@@ -500,7 +500,7 @@ async fn no_state_survives_from_one_delivery_to_the_next(lang: &str) {
 }
 
 /// Every language's components import nothing beyond what idemhost grants; the closing
-/// table in the README lists what each gets.
+/// table in docs/benchmark.md (the languages) lists what each gets.
 async fn component_imports_only_granted_interfaces(lang: &str) {
     for name in [inventory_name(lang), template_name(lang)] {
         let info = plugin(&name).load_info().clone();

@@ -45,7 +45,7 @@ pub enum MarkersCommand {
         source: Source,
     },
     /// Delete a consumer's markers older than a cut-off, in bounded batches — refused while
-    /// any copy of those messages could still come back (see the README's retention contract).
+    /// any copy of those messages could still come back (see docs/operations.md, the retention contract).
     Prune {
         #[command(flatten)]
         source: Source,

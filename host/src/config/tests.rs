@@ -288,3 +288,33 @@ fn group_commit_is_the_default_except_where_order_rules() {
         None
     );
 }
+
+/// The ```toml blocks of a documentation file, relative to the repository root.
+fn toml_blocks(file: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut blocks = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find("```toml\n") {
+        let body = &rest[start + "```toml\n".len()..];
+        let end = body.find("```").expect("an unclosed toml block");
+        blocks.push(body[..end].to_string());
+        rest = &body[end + 3..];
+    }
+    blocks
+}
+
+/// The configuration examples users copy (the README's, and docs/configuration.md's with every
+/// key) parse and validate as they are: a renamed or removed key fails here, not for the user.
+#[test]
+fn documented_examples_parse() {
+    for file in ["README.md", "docs/configuration.md"] {
+        let blocks = toml_blocks(file);
+        assert!(!blocks.is_empty(), "{file} has no toml example");
+        for block in blocks {
+            if let Err(e) = parse(&block, &[]) {
+                panic!("{file}: {e}\n{block}");
+            }
+        }
+    }
+}
