@@ -10,7 +10,7 @@ mod consumer;
 mod defaults;
 
 pub use consumer::{
-    ConsumerConfig, MAX_MESSAGE_ID_BYTES, OrderingConfig, is_kv_key, is_plain_identifier,
+    ConsumerConfig, KeySpec, MAX_MESSAGE_ID_BYTES, OrderingConfig, is_kv_key, is_plain_identifier,
 };
 use defaults::*;
 pub use defaults::{DEFAULT_BATCH_LOCK_TIMEOUT, DEFAULT_BATCH_MAX};
@@ -273,6 +273,20 @@ pub struct HostConfig {
     pub log_payload_digest: bool,
 }
 
+/// Where compiled plugins are kept unless `host.compile_cache` says otherwise:
+/// `$XDG_CACHE_HOME/idemhost/components`, else `$HOME/.cache/idemhost/components`.
+pub fn default_compile_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("idemhost").join("components"))
+}
+
 /// The `host.compile_cache` value that disables the compile cache.
 pub const COMPILE_CACHE_OFF: &str = "off";
 
@@ -282,7 +296,7 @@ impl HostConfig {
         match &self.compile_cache {
             Some(p) if p == Path::new(COMPILE_CACHE_OFF) => None,
             Some(p) => Some(p.clone()),
-            None => crate::plugin::default_compile_cache_dir(),
+            None => default_compile_cache_dir(),
         }
     }
 }

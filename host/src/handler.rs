@@ -63,7 +63,16 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// Where a plugin's calls spend their time (instantiation, the call): WASM plugins only.
-    fn timings(&self) -> Option<&crate::plugin::PluginTimings> {
+    fn timings(&self) -> Option<&PluginTimings> {
         None
     }
+}
+
+/// Where a plugin's deliveries spend their time, recorded by every call.
+#[derive(Default)]
+pub struct PluginTimings {
+    /// Creating the store and instantiating the component.
+    pub instantiate: crate::histogram::Histogram,
+    /// The `handle` call itself, including the SQL it runs.
+    pub handle: crate::histogram::Histogram,
 }

@@ -5,7 +5,8 @@
 //! # Layout (in the order a message flows through)
 //! - [`config`]: the TOML configuration, env overrides and validation.
 //! - [`source`]: JetStream binding, the pull loop, ack / nak / term and dead-lettering.
-//! - [`claim`]: the delivery's transaction — claim, handler, commit — and its [`Outcome`].
+//! - [`claim`]: the delivery's transaction — claim, handler, commit — and its [`Outcome`]
+//!   ([`outcome`]: the outcome, the rollback reason and what the delivery took).
 //! - [`txn`]: the transaction handle lent to a handler for the duration of one call.
 //! - [`outbox`]: events published through the transaction (`tx.publish`) and their relay.
 //! - [`sql_gate`]: what handler SQL may do; parameter binding and value conversion.
@@ -24,6 +25,7 @@
 //! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
 //! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
 //! - [`histogram`]: lock-free latency histograms (plugin instantiate and handle times).
+//! - [`clock`]: ages of broker timestamps.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
@@ -32,6 +34,7 @@ pub mod baseline;
 pub mod bench;
 pub mod claim;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod failpoint;
 pub mod handler;
@@ -42,6 +45,7 @@ pub mod ops;
 #[cfg(feature = "otlp")]
 pub mod otel;
 pub mod outbox;
+pub mod outcome;
 pub mod pg;
 pub mod plugin;
 pub mod registry;

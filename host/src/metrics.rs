@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::claim::{Processed, Rollback};
+use crate::outcome::{Processed, Rollback};
 use crate::registry::Registry as Plugins;
 
 pub mod sample;

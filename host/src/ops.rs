@@ -9,15 +9,9 @@ pub mod markers;
 pub mod outbox;
 pub mod pause;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-/// Time since `unix_ns` (nanoseconds since the epoch); zero if it is in the future.
-pub fn age_of(unix_ns: i128) -> Duration {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128);
-    u64::try_from(now - unix_ns).map_or(Duration::ZERO, Duration::from_nanos)
-}
+pub use crate::clock::age_of;
 
 /// `1d 2h 3m`-style text for an age, to the second.
 pub fn human(d: Duration) -> String {

@@ -8,7 +8,7 @@ mod cache;
 mod imports;
 pub mod world;
 
-pub use cache::default_dir as default_compile_cache_dir;
+pub use crate::config::default_compile_cache_dir;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,8 +23,8 @@ use wasmtime::{
 };
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+pub use crate::handler::PluginTimings;
 use crate::handler::{HandleFuture, Handler, HandlerError, Message};
-use crate::histogram::Histogram;
 use crate::txn::TxHandle;
 
 mod bindings {
@@ -383,15 +383,6 @@ pub struct LoadInfo {
     pub from_cache: bool,
     /// The WASI interfaces the component imports (all harmless; see [`world::GRANTED`]).
     pub wasi_imports: Vec<String>,
-}
-
-/// Where a plugin's deliveries spend their time, recorded by every call.
-#[derive(Default)]
-pub struct PluginTimings {
-    /// Creating the store and instantiating the component.
-    pub instantiate: Histogram,
-    /// The `handle` call itself, including the SQL it runs.
-    pub handle: Histogram,
 }
 
 /// A loaded, validated plugin. Cheap to share: every delivery instantiates it afresh.

@@ -242,3 +242,35 @@ impl ConsumerConfig {
             .unwrap_or(Duration::from_secs(1))
     }
 }
+
+/// Where a message's ordering key is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySpec {
+    /// `header:NAME`
+    Header(String),
+    /// `subject:N`: the N-th token of the subject (0-based).
+    SubjectToken(usize),
+    /// `json:/pointer`: a JSON pointer into the payload (strings and numbers).
+    JsonPointer(String),
+}
+
+impl KeySpec {
+    /// Parses `ordering.key`: `header:NAME`, `subject:N` or `json:/pointer`.
+    pub fn parse(spec: &str) -> Result<KeySpec, String> {
+        let bad = || {
+            format!(
+                "{spec:?} is not an ordering key: use header:NAME, subject:N (a 0-based token) or json:/pointer"
+            )
+        };
+        match spec.split_once(':') {
+            Some(("header", name)) if !name.is_empty() && !name.contains(char::is_whitespace) => {
+                Ok(KeySpec::Header(name.to_string()))
+            }
+            Some(("subject", n)) => n.parse().map(KeySpec::SubjectToken).map_err(|_| bad()),
+            Some(("json", pointer)) if pointer.starts_with('/') => {
+                Ok(KeySpec::JsonPointer(pointer.to_string()))
+            }
+            _ => Err(bad()),
+        }
+    }
+}

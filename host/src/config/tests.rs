@@ -68,7 +68,7 @@ fn compile_cache_resolves_or_turns_off() {
     let off_by_env = parse(SAMPLE, &[("IDEMHOST_HOST__COMPILE_CACHE", "off")]).unwrap();
     assert_eq!(off_by_env.host.compile_cache_dir(), None);
     let default = parse(SAMPLE, &[]).unwrap().host.compile_cache_dir();
-    assert_eq!(default, crate::plugin::default_compile_cache_dir());
+    assert_eq!(default, default_compile_cache_dir());
 }
 
 #[test]

@@ -263,7 +263,7 @@ impl Config {
                 );
             }
             if let Some(o) = &c.ordering
-                && let Err(e) = crate::source::ordering::KeySpec::parse(&o.key)
+                && let Err(e) = super::KeySpec::parse(&o.key)
             {
                 return bad(key("ordering.key"), &e);
             }

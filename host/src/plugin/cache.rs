@@ -185,16 +185,3 @@ fn verified_body(bytes: &[u8]) -> Option<&[u8]> {
     let (sum, body) = rest.split_at(32);
     (Sha256::digest(body)[..] == *sum).then_some(body)
 }
-
-/// `$XDG_CACHE_HOME/idemhost/components`, else `$HOME/.cache/idemhost/components`.
-pub fn default_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        })?;
-    Some(base.join("idemhost").join("components"))
-}

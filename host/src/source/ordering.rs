@@ -14,36 +14,10 @@ use std::sync::{Arc, Mutex};
 use async_nats::jetstream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Where a message's ordering key is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySpec {
-    /// `header:NAME`
-    Header(String),
-    /// `subject:N`: the N-th token of the subject (0-based).
-    SubjectToken(usize),
-    /// `json:/pointer`: a JSON pointer into the payload (strings and numbers).
-    JsonPointer(String),
-}
+pub use crate::config::KeySpec;
 
+/// Reading a key from a message (the spec itself is configuration).
 impl KeySpec {
-    pub fn parse(spec: &str) -> Result<KeySpec, String> {
-        let bad = || {
-            format!(
-                "{spec:?} is not an ordering key: use header:NAME, subject:N (a 0-based token) or json:/pointer"
-            )
-        };
-        match spec.split_once(':') {
-            Some(("header", name)) if !name.is_empty() && !name.contains(char::is_whitespace) => {
-                Ok(KeySpec::Header(name.to_string()))
-            }
-            Some(("subject", n)) => n.parse().map(KeySpec::SubjectToken).map_err(|_| bad()),
-            Some(("json", pointer)) if pointer.starts_with('/') => {
-                Ok(KeySpec::JsonPointer(pointer.to_string()))
-            }
-            _ => Err(bad()),
-        }
-    }
-
     /// The key of a message; `None` when it has none (such messages are not ordered).
     pub fn key_of(&self, msg: &async_nats::Message) -> Option<String> {
         match self {

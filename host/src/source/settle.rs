@@ -263,7 +263,7 @@ impl ConsumerRuntime {
                 match self.confirmed(d.msg, AckKind::Ack).await {
                     Ok(()) => {
                         if let Some(stored) = d.stored_ns {
-                            self.metrics.acked(crate::ops::age_of(stored));
+                            self.metrics.acked(crate::clock::age_of(stored));
                         }
                         info!(
                             outcome = processed.outcome.label(),
