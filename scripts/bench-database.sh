@@ -12,9 +12,11 @@
 #
 #   DB_HOST=127.0.0.1 C=16 T=10 ROUNDS=2 scripts/bench-database.sh
 set -euo pipefail
+cd "$(dirname "$0")/.."
 C=${C:-16}
 T=${T:-10}
 ROUNDS=${ROUNDS:-2}
+PEERS=${PEERS:-../shared/peers}
 DB=idemhost_bench_database
 CONN="host=${DB_HOST:-127.0.0.1} port=${DB_PORT:-5432} dbname=$DB sslmode=disable"
 ADMIN="host=${DB_HOST:-127.0.0.1} port=${DB_PORT:-5432} dbname=postgres sslmode=disable"
@@ -24,14 +26,14 @@ trap 'rm -rf "$work"; sql "$ADMIN" -c "DROP DATABASE IF EXISTS $DB" >/dev/null 2
 
 sql "$ADMIN" -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
 
-# The seed's transaction: claim a fresh marker, reserve one unit of a random SKU, commit.
-claim="INSERT INTO processed_message (consumer_name, message_id) VALUES ('inventory-reservation-v1', 'pgb-' || :client_id || '-' || :i || '-' || random()) ON CONFLICT DO NOTHING RETURNING message_id;"
-effect="UPDATE inventory SET available = available - 1, reserved = reserved + 1 WHERE sku = 'sku-' || :s AND available >= 1;"
-vars='\set i random(1, 100000000)
-\set s random(1, 1000)'
-printf '%s\nBEGIN;\n%s\n%s\nCOMMIT;\n' "$vars" "$claim" "$effect" >"$work/flights4.sql"
-printf '%s\n\\startpipeline\nBEGIN;\n%s\n\\endpipeline\n%s\nCOMMIT;\n' "$vars" "$claim" "$effect" >"$work/flights3.sql"
-printf '%s\n\\startpipeline\nBEGIN;\n%s\n%s\nCOMMIT;\n\\endpipeline\n' "$vars" "$claim" "$effect" >"$work/flights1.sql"
+# The seed's transaction (its peer script: claim a fresh marker, reserve one unit of a random
+# SKU, commit) as is, and with pipeline marks around BEGIN and the claim, or around all of it.
+seed_tx=$PEERS/pgbench/seed_tx.sql
+cp "$seed_tx" "$work/flights4.sql"
+awk '/^BEGIN;/ { print "\\startpipeline" } { print } /^INSERT INTO processed_message/ { print "\\endpipeline" }' \
+  "$seed_tx" >"$work/flights3.sql"
+awk '/^BEGIN;/ { print "\\startpipeline" } { print } /^COMMIT;/ { print "\\endpipeline" }' \
+  "$seed_tx" >"$work/flights1.sql"
 
 # name | script | schema additions | PGOPTIONS
 variants=(
@@ -46,16 +48,10 @@ variants=(
 
 prepare() {
   local adds=$1
-  sql "$CONN" >/dev/null <<SQL
-DROP TABLE IF EXISTS processed_message, inventory;
-CREATE TABLE processed_message (consumer_name text NOT NULL, message_id text NOT NULL,
-  processed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer_name, message_id));
-CREATE TABLE inventory (sku text PRIMARY KEY, available bigint NOT NULL CHECK (available >= 0),
-  reserved bigint NOT NULL CHECK (reserved >= 0));
-INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(1, 1000) g;
-SQL
+  # The seed's tables (its peer's reset), then what the variant adds.
+  sql "$CONN" -f "$PEERS/node-seed/reset.sql" >/dev/null
   if [[ " $adds " == *" age "* ]]; then
-    sql "$CONN" -c "CREATE INDEX processed_message_age ON processed_message (consumer_name, processed_at)" >/dev/null
+    sql "$CONN" -f migrations/0003_processed_message_age.sql >/dev/null
   fi
   if [[ " $adds " == *" ff80 "* ]]; then
     sql "$CONN" -c "ALTER TABLE inventory SET (fillfactor = 80)" -c "VACUUM FULL inventory" >/dev/null
