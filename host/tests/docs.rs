@@ -59,11 +59,8 @@ fn anchors(file: &Path) -> HashSet<String> {
     let text = std::fs::read_to_string(file).unwrap();
     prose(&text)
         .lines()
-        .filter_map(|l| {
-            l.trim_start_matches('#')
-                .strip_prefix(' ')
-                .filter(|_| l.starts_with('#'))
-        })
+        .filter(|l| l.starts_with('#'))
+        .filter_map(|l| l.trim_start_matches('#').strip_prefix(' '))
         .map(slug)
         .collect()
 }

@@ -9,17 +9,6 @@ use common::*;
 
 const CONSUMER: &str = "metrics-v1";
 
-/// The value of the sample `name{labels}` in an OpenMetrics exposition (labels in order).
-fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let key = if labels.is_empty() {
-        name.to_string()
-    } else {
-        format!("{name}{{{labels}}}")
-    };
-    text.lines()
-        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// Two applied, one duplicate, one terminal failure, one retryable failure that runs out of
 /// attempts: the counters say exactly that, with the consumer, event type and outcome labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,10 +35,7 @@ async fn metrics_count_a_known_mix_of_outcomes() {
     nats.publish(Some("a1"), ok).await;
     nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
 
-    let url = format!("http://{admin}/metrics");
-    let text = idemhost::admin::http::get(&url, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let text = scrape(&admin).await;
     let deliveries = |outcome: &str| {
         let labels =
             format!("consumer=\"{CONSUMER}\",event_type=\"OrderPlaced\",outcome=\"{outcome}\"");
@@ -111,12 +97,6 @@ async fn metrics_count_a_known_mix_of_outcomes() {
     host.stop().await;
     nats.cleanup().await;
     env.cleanup().await;
-}
-
-async fn scrape(admin: &str) -> String {
-    idemhost::admin::http::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
-        .await
-        .unwrap()
 }
 
 /// A message stuck in retries (nak'ed with a long backoff) shows as ack-pending, and the

@@ -271,10 +271,7 @@ async fn five_hundred_orders_with_duplicates_at_every_hop() {
             "{subject}: {copies} duplicates injected"
         );
     }
-    let metrics =
-        idemhost::admin::http::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
-            .await
-            .unwrap();
+    let metrics = scrape(&admin).await;
     let duplicates: f64 = metrics
         .lines()
         .filter(|l| {

@@ -137,10 +137,7 @@ async fn events_leave_only_with_their_commit() {
         "{letters:?}"
     );
 
-    let metrics =
-        idemhost::admin::http::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
-            .await
-            .unwrap();
+    let metrics = scrape(&admin).await;
     let line = format!("idemhost_outbox_published_total{{consumer=\"{NAME}\"}} 3");
     assert!(metrics.lines().any(|l| l == line), "{metrics}");
     assert!(
@@ -401,15 +398,9 @@ async fn a_broker_that_does_not_answer_counts_no_attempt() {
 
 /// The relay's passes so far, from the host's metrics.
 async fn relay_passes(admin: &str) -> u64 {
-    let metrics =
-        idemhost::admin::http::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
-            .await
-            .unwrap();
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("idemhost_outbox_relay_passes_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no relay pass counter in {metrics}"))
+    let metrics = scrape(admin).await;
+    sample(&metrics, "idemhost_outbox_relay_passes_total", "")
+        .unwrap_or_else(|| panic!("no relay pass counter in {metrics}")) as u64
 }
 
 /// 1,000 notifications on the relay's channel in one transaction (distinct payloads, which

@@ -338,6 +338,24 @@ where
     }
 }
 
+/// The admin endpoint's `/metrics` text (`admin` is `host:port`).
+pub async fn scrape(admin: &str) -> String {
+    idemhost::admin::http::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+/// The value of the sample `name{labels}` in an OpenMetrics exposition (labels in order).
+pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// Waits until the admin endpoint at `admin` (`host:port`) answers `/readyz` with 200: every
 /// consumer bound, NATS and PostgreSQL reachable.
 pub async fn wait_ready(admin: &str, timeout: Duration) {
