@@ -302,3 +302,115 @@ fn generated_statements_reach_both_verdicts() {
         "accepted {accepted}, ran {ran}, refused {refused}"
     );
 }
+
+/// Ways to send a notification, each of which PostgreSQL 15 runs as one statement (checked
+/// below): the statement, the function under every name that resolves to it, and the function
+/// anywhere an expression may stand. The channel and payloads are digits and `_`, which the case
+/// scrambling leaves alone.
+fn notify() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("NOTIFY _7".to_string()),
+        Just("NOTIFY \"_7\", '1'".to_string()),
+        Just("SELECT pg_notify('_7', '1')".to_string()),
+        Just("SELECT pg_catalog.pg_notify('_7', '1')".to_string()),
+        Just("SELECT \"pg_catalog\".\"pg_notify\"('_7', '1')".to_string()),
+        Just("SELECT U&\"pg\\005fnotify\"('_7', '1')".to_string()),
+        Just("SELECT U&\"pg!005fnotify\" UESCAPE '!' ('_7', '1')".to_string()),
+        Just("SELECT * FROM pg_notify('_7', '1')".to_string()),
+        Just("WITH n AS (SELECT pg_notify('_7', '1')) SELECT * FROM n".to_string()),
+        Just("SELECT (SELECT pg_notify('_7', '1'))".to_string()),
+        Just("VALUES (pg_notify('_7', '1'))".to_string()),
+        Just("SELECT 1 WHERE pg_notify('_7', '1') IS NULL".to_string()),
+        Just("SELECT count(*) FROM inventory, LATERAL pg_notify('_7', '1') AS x".to_string()),
+        Just("SELECT CASE WHEN true THEN pg_notify('_7', '1') END".to_string()),
+        Just("SELECT ROW(pg_notify('_7', '1'))".to_string()),
+        Just("SELECT coalesce(pg_notify('_7', '1'))".to_string()),
+        Just(
+            "SELECT 1 FROM inventory WHERE sku IN (SELECT pg_notify('_7', '1')::text)".to_string()
+        ),
+    ]
+}
+
+/// A plugin that notifies wakes every listener of the channel (the outbox relay's is
+/// `idemhost_outbox`) however often it likes. Whatever sends a notification when PostgreSQL
+/// runs it — each generated statement is run and committed as a plugin's would be, and a
+/// listener on another connection says whether one arrived — the gate refuses.
+#[test]
+fn the_gate_refuses_whatever_notifies() {
+    let shared = &*SHARED;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The connections are dropped (and closed) within the runtime, before it goes.
+    let _context = runtime.enter();
+    let (conn, listener) = runtime.block_on(async {
+        let options =
+            idemhost::pg::connect_options(&PG_URL, Some(&shared.schema), "gate-notify").unwrap();
+        let conn = PgConnection::connect_with(&options).await.unwrap();
+        let mut listener = sqlx::postgres::PgListener::connect(&PG_URL).await.unwrap();
+        listener.listen("_7").await.unwrap();
+        (conn, listener)
+    });
+    let cell = std::cell::RefCell::new((conn, listener, 0u32, 0u32));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 400,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(
+        &(notify(), wrapper(), any::<u64>()),
+        |(stmt, (before, after), mask)| {
+            let sql = scramble(
+                &format!("{before}{stmt}{after}").replace("{second}", "SELECT 1"),
+                mask,
+            );
+            let mut guard = cell.borrow_mut();
+            let (conn, listener, cases, notified) = &mut *guard;
+            *cases += 1;
+            let sentinel = format!("end-{cases}");
+            let arrived = runtime.block_on(async {
+                // As the host runs a plugin's statement (extended protocol, one statement);
+                // autocommit, so a notification it sends is delivered.
+                let _ = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                    .execute(&mut *conn)
+                    .await;
+                // Notifications arrive in commit order: once the sentinel is in, the
+                // statement's would have been too.
+                sqlx::query("SELECT pg_notify('_7', $1)")
+                    .bind(&sentinel)
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                let mut arrived = false;
+                loop {
+                    let n =
+                        tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+                            .await
+                            .expect("the sentinel notification within 10 s")
+                            .unwrap();
+                    if n.payload() == sentinel {
+                        return arrived;
+                    }
+                    arrived = true;
+                }
+            });
+            if arrived {
+                *notified += 1;
+                prop_assert!(
+                    idemhost::sql_gate::check(&sql).is_err(),
+                    "the gate accepted {sql:?}, which sent a notification"
+                );
+            }
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let (_, _, cases, notified) = *cell.borrow();
+    println!("{cases} generated statements, {notified} of them sent a notification");
+    assert!(
+        notified > 0,
+        "no generated statement reached the server as a notification"
+    );
+}

@@ -202,3 +202,31 @@ fn component_with_too_many_core_instances_is_refused_at_load() {
     let err = refuse(&format!("(component (core module $m) {fits})"));
     assert!(err.contains("does not export"), "{err}");
 }
+
+/// The same for memories and tables: each reserves a slot of the pool shared by every consumer,
+/// so a component with more than 2 memories or 8 tables (its modules instantiated several
+/// times) is refused at load, with the count named, and one at the cap is not.
+#[test]
+fn component_with_too_many_memories_or_tables_is_refused_at_load() {
+    let component = |module: &str, n: usize| {
+        let instances = "(core instance (instantiate $m))\n".repeat(n);
+        format!("(component (core module $m {module}) {instances})")
+    };
+    let err = refuse(&component("(memory 1)", 3));
+    assert!(
+        err.contains("3 Wasm linear memories, which exceeds the configured maximum of 2"),
+        "{err}"
+    );
+    let err = refuse(&component("(table 1 funcref)", 9));
+    assert!(
+        err.contains("9 tables, which exceeds the configured maximum of 8"),
+        "{err}"
+    );
+    for at_cap in [
+        component("(memory 1)", 2),
+        component("(table 1 funcref)", 8),
+    ] {
+        let err = refuse(&at_cap);
+        assert!(err.contains("does not export"), "{err}");
+    }
+}
