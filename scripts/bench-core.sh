@@ -10,7 +10,7 @@ TARGET=$(scripts/target-dir.sh)
 N=${N:-20000}
 PEERS=${PEERS:-../shared/peers}
 scripts/build-plugins.sh >/dev/null
-cargo build --quiet --release -p idemhost --example throughput
+cargo build --quiet --release -p idemhost-bench --example throughput
 out=$(mktemp -d)
 echo "== pgbench, seed transaction (T=${T:-10}s per client count)"
 bash "$PEERS/pgbench/run.sh" | tee "$out/pgbench.txt"

@@ -9,7 +9,7 @@ scripts/ensure-build-deps.sh
 TARGET=$(scripts/target-dir.sh)
 N=${N:-20000}
 scripts/build-plugins.sh >/dev/null
-cargo build --quiet --release -p idemhost --example throughput
+cargo build --quiet --release -p idemhost-bench --example throughput
 out=$(mktemp)
 "$TARGET"/release/examples/throughput --n "$N" --in-flight 16 --languages \
   --handler wasm:inventory,wasm:inventory-py,wasm:inventory-js,wasm:inventory-c,native | tee "$out"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Replica scaling, side by side in one run: N events drained by 1, 2 and 3 `idemhost run`
-# processes on one durable consumer (host/examples/replicas.rs), then pgbench's seed transaction
+# processes on one durable consumer (bench/examples/replicas.rs), then pgbench's seed transaction
 # (../shared/peers/pgbench) at the same total concurrency, and the ratios. Not a test: figures
 # vary ±15% run to run on this 2-core machine, where replicas share the CPUs with PostgreSQL
 # and NATS.
@@ -17,7 +17,7 @@ N=${N:-20000}
 IN_FLIGHT=${IN_FLIGHT:-8}
 PEERS=${PEERS:-../shared/peers}
 scripts/build-plugins.sh rust >/dev/null
-cargo build --quiet --release -p idemhost --bin idemhost --example replicas
+cargo build --quiet --release -p idemhost-cli --bin idemhost && cargo build --quiet --release -p idemhost-bench --example replicas
 out=$(mktemp -d)
 cluster=()
 if [ -n "${CLUSTER:-}" ]; then

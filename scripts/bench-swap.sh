@@ -10,7 +10,7 @@ scripts/ensure-build-deps.sh
 TARGET=$(scripts/target-dir.sh)
 N=${N:-20000}
 scripts/build-plugins.sh rust py c >/dev/null
-cargo build --quiet --release -p idemhost --example swap
+cargo build --quiet --release -p idemhost-bench --example swap
 "$TARGET"/release/examples/swap --n "$N" --from inventory --to inventory-c
 # Python compiles for seconds: enough messages must remain to see the swap land.
 "$TARGET"/release/examples/swap --n "${N_PY:-60000}" --from inventory --to inventory-py

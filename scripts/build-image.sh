@@ -21,7 +21,7 @@ rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
 
 echo "== static binary (x86_64-unknown-linux-musl, release)"
 start=$SECONDS
-cargo build --quiet --release --target x86_64-unknown-linux-musl -p idemhost --bin idemhost
+cargo build --quiet --release --target x86_64-unknown-linux-musl -p idemhost-cli --bin idemhost
 # The image gets a copy without symbols (a third of the size); the build keeps its own.
 mkdir -p target/image
 strip -o target/image/idemhost "$(scripts/target-dir.sh)"/x86_64-unknown-linux-musl/release/idemhost

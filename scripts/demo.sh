@@ -41,7 +41,7 @@ if [ -n "${IDEMHOST_DEMO_PREBUILT:-}" ]; then
 else
   echo "== building the plugins, the host and the fake payment provider"
   scripts/build-plugins.sh
-  cargo build --quiet -p idemhost --bin idemhost --example order_flow_provider
+  cargo build --quiet -p idemhost-cli --bin idemhost && cargo build --quiet -p idemhost-bench --example order_flow_provider
   TARGET=$(scripts/target-dir.sh)
   BIN=$TARGET/debug/idemhost
   PROVIDER=$TARGET/debug/examples/order_flow_provider

@@ -20,7 +20,7 @@ export IDEMHOST_TEST_PG_BIN=$SERVERS_PG_BIN IDEMHOST_TEST_NATS_SERVER=$SERVERS_N
 PG_BIN=$SERVERS_PG_BIN
 NATS_MONITOR=$SERVERS_NATS_MONITOR
 echo "== server matrix: $("$IDEMHOST_TEST_NATS_SERVER" --version), $("$PG_BIN/postgres" --version)"
-cargo test -p idemhost --features failpoints,otlp \
+cargo test -p idemhost-cli --features failpoints,otlp \
   --test seed --test e2e --test chaos --test crash --test ordering --test replicas --test order_flow \
   --test cluster "$@"
 # The suites really ran against these servers: their transactions and JetStream API calls.

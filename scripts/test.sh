@@ -34,7 +34,7 @@ else
   echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
 fi
 # failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
-cargo test --workspace --features idemhost/failpoints,idemhost/otlp "$@"
+cargo test --workspace --features idemhost-cli/failpoints,idemhost-cli/otlp "$@"
 # The server matrix: the core suites again against nats-server 2.15 and PostgreSQL 18 (private
 # instances; see the script for what runs on both and why). Not when a filter was given.
 if [ $# -eq 0 ]; then

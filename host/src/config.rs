@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 mod consumer;
 mod defaults;
+pub(crate) mod postgres_url;
 
 pub use consumer::{
     ConsumerConfig, KeySpec, MAX_MESSAGE_ID_BYTES, OrderingConfig, is_kv_key, is_plain_identifier,
@@ -246,10 +247,22 @@ impl Default for OutboxConfig {
 }
 
 /// A shared plugin store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PluginStoreKind {
+    /// A NATS object store (`plugins.store = "nats"`).
     Nats,
+}
+
+impl std::str::FromStr for PluginStoreKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "nats" => Ok(PluginStoreKind::Nats),
+            _ => Err(format!("unknown plugin store {s:?} (known: nats)")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -302,11 +315,25 @@ impl HostConfig {
 }
 
 /// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// One JSON object per line.
     Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("unknown log format {s:?} (known: text, json)")),
+        }
+    }
 }
 
 impl Default for HostConfig {

@@ -5,10 +5,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use sqlx::PgPool;
 use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
 use tracing::info;
 
 use crate::admin::{self, Readiness};
@@ -114,149 +116,27 @@ impl Host {
         if options.migrate {
             pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
         }
-
-        let needs_wasm = config
-            .consumers
-            .iter()
-            .any(|c| !native.contains_key(&c.name));
-        let sizing = PoolSizing {
-            // Twice the configured concurrency: headroom for instances still being torn down.
-            instances: total_in_flight.saturating_mul(2).max(8),
-            max_memory: config
-                .consumers
-                .iter()
-                .map(|c| c.memory_limit.0 as usize)
-                .max()
-                .unwrap_or(64 << 20),
-            keep_resident: config.plugins.keep_resident.0 as usize,
-        };
-        let runtime = if needs_wasm {
-            let mut rt = PluginRuntime::with_pool(sizing)?;
-            if let Some(dir) = config.host.compile_cache_dir() {
-                // An unusable cache only costs compile time: warn and compile in memory.
-                if let Err(reason) = rt.set_compile_cache(Some(&dir)) {
-                    tracing::warn!(%reason, "compile cache disabled");
-                }
-            }
-            Some(rt)
-        } else {
-            None
-        };
+        let runtime = plugin_runtime(&config, &native, total_in_flight)?;
         let nats_url = pg::redact_urls(&config.nats.url);
         let (client, js) = connect_nats(&config.nats).await?;
         readiness.watch(client.clone(), pool.clone());
-
         let store = match (config.plugins.store, &runtime) {
             (Some(PluginStoreKind::Nats), Some(_)) => {
                 Some(NatsStore::open(&js, &config.plugins).await?)
             }
             _ => None,
         };
-        let runtime = runtime.map(Arc::new);
-        let mut registry = Registry::new(runtime.clone(), config.plugins.history as usize);
-        let mut watched = Vec::new();
-        for c in &config.consumers {
-            let limits = PluginLimits {
-                timeout: c.handler_timeout.0,
-                memory: c.memory_limit.0 as usize,
-            };
-            if let Some(h) = native.get(&c.name) {
-                registry.insert(&c.name, h.clone(), "native".into(), None);
-                continue;
-            }
-            let (Some(path), Some(rt)) = (&c.plugin, &runtime) else {
-                anyhow::bail!(
-                    "consumer {}: no `plugin` configured and no native handler registered",
-                    c.name
-                );
-            };
-            let from_store = match &store {
-                Some(store) => store.pointer(&c.name).await?.map(|p| (store, p)),
-                None => None,
-            };
-            let (h, source) = match from_store {
-                Some((store, pointer)) => {
-                    let bytes = store
-                        .fetch(&pointer.digest)
-                        .await
-                        .with_context(|| format!("consumer {}: the store's version", c.name))?;
-                    let origin = format!("nats:{}", config.plugins.object_bucket);
-                    let h = rt
-                        .load_bytes_blocking(bytes, PathBuf::from(&origin), limits)
-                        .await
-                        .with_context(|| format!("consumer {}", c.name))?;
-                    (h, origin)
-                }
-                None => {
-                    let bytes = std::fs::read(path).with_context(|| {
-                        format!(
-                            "consumer {}: failed to read plugin {}",
-                            c.name,
-                            path.display()
-                        )
-                    })?;
-                    let h = rt
-                        .load_bytes_blocking(bytes.clone(), path.clone(), limits)
-                        .await
-                        .with_context(|| format!("consumer {}", c.name))?;
-                    if let Some(store) = &store {
-                        // Another replica may seed first; the store's watch then converges.
-                        let label = path.file_name().map(|n| n.to_string_lossy().into_owned());
-                        store
-                            .seed(&c.name, &bytes, &label.unwrap_or_default())
-                            .await?;
-                    }
-                    (h, format!("file:{}", path.display()))
-                }
-            };
-            let load = h.load_info();
-            info!(consumer = %c.name, plugin = %source, digest = h.digest(), bytes = load.size,
-                compile_ms = load.compile_time.as_millis() as u64, from_cache = load.from_cache,
-                wasi = %load.wasi_imports.join(","), "plugin loaded");
-            registry.insert(&c.name, Arc::new(h), source, Some(limits));
-            watched.push((c.name.clone(), path.clone()));
-        }
+
+        let (registry, watched) = load(&config, &native, runtime, store.as_ref()).await?;
         let registry = Arc::new(registry);
         readiness.set_registry(registry.clone());
         metrics.set_plugins(registry.clone());
-
-        let mut runtimes = Vec::new();
-        for c in &config.consumers {
-            let claimer = if native.contains_key(&c.name) {
-                // The embedding program's own (trusted) code: on the host's pool.
-                let mut settings = ClaimSettings::for_consumer(c);
-                settings.keep_connections = kept_connections(
-                    c.max_in_flight,
-                    total_in_flight,
-                    config.postgres.max_connections,
-                );
-                Claimer::new(pool.clone(), settings)
-            } else {
-                plugin_claimer(&config.postgres, &pool, &failover, c).await?
-            };
-            let slot = registry
-                .slot(&c.name)
-                .cloned()
-                .context("consumer missing from the plugin registry")?;
-            // With partitions, one durable (and pull loop) each, all on the consumer's claimer.
-            let partitions: Vec<Option<u32>> = match c.partitions {
-                0 => vec![None],
-                n => (0..n).map(Some).collect(),
-            };
-            for p in partitions {
-                let bound =
-                    source::bind(&js, c, p, claimer.clone(), slot.clone(), &metrics).await?;
-                info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), partition = ?p, isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
-                runtimes.push(Arc::new(
-                    bound.log_payload_digest(config.host.log_payload_digest),
-                ));
-            }
-        }
+        let runtimes = bind(&config, &native, &pool, &failover, &registry, &js, &metrics).await?;
 
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut followers = Vec::new();
+        let mut background = Vec::new();
         if config.plugins.watch && !watched.is_empty() {
-            followers.push(registry::watch::spawn(
+            background.push(registry::watch::spawn(
                 registry.clone(),
                 watched,
                 config.plugins.watch_interval.0,
@@ -264,16 +144,16 @@ impl Host {
             ));
         }
         if let Some(store) = store {
-            followers.push(store.follow(registry.clone(), stop_rx.clone()));
+            background.push(store.follow(registry.clone(), stop_rx.clone()));
         }
-        let samplers = crate::metrics::sample::spawn(
+        background.extend(crate::metrics::sample::spawn(
             metrics.clone(),
             &config.metrics,
             js.clone(),
             pool.clone(),
             config.consumers.clone(),
             stop_rx.clone(),
-        );
+        ));
         // The relay stops after the consumers: its last pass sends what they committed.
         let (relay_stop, relay_stop_rx) = watch::channel(false);
         let relay = config.outbox.relay.then(|| {
@@ -285,10 +165,10 @@ impl Host {
                 relay_stop_rx,
             )
         });
-        let drain = config.host.shutdown_timeout.0;
-        let mut running = tokio::task::JoinSet::new();
+        let drain_for = config.host.shutdown_timeout.0;
+        let mut running = JoinSet::new();
         for rt in runtimes {
-            running.spawn(rt.run(stop_rx.clone(), drain));
+            running.spawn(rt.run(stop_rx.clone(), drain_for));
         }
         info!(consumers = config.consumers.len(), nats = %nats_url, "idemhost running");
         readiness.set(true);
@@ -296,21 +176,13 @@ impl Host {
         readiness.set(false);
         info!("shutdown requested; finishing in-flight deliveries");
         let _ = stop_tx.send(true);
-        while running.join_next().await.is_some() {}
-        if let Some(mut relay) = relay {
-            let _ = relay_stop.send(true);
-            tokio::select! {
-                _ = &mut relay => {}
-                _ = tokio::time::sleep(drain) => {
-                    relay.abort();
-                    tracing::warn!("outbox relay did not finish its last pass; the next relay sends the rest");
-                }
-            }
-        }
-        // A swap still validating is abandoned: it only takes effect when installed.
-        for f in followers.into_iter().chain(samplers) {
-            f.abort();
-        }
+        drain(
+            running,
+            relay.map(|r| (r, relay_stop)),
+            background,
+            drain_for,
+        )
+        .await;
         // Flush acks still buffered in the client before the process exits.
         if let Err(e) = client.flush().await {
             tracing::warn!(error = %e, "failed to flush NATS connection");
@@ -318,6 +190,188 @@ impl Host {
         pool.close().await;
         info!("idemhost stopped");
         Ok(())
+    }
+}
+
+/// The WASM runtime, when any consumer has no native handler: its instance pool sized for the
+/// configured concurrency and the largest `memory_limit`, with the compile cache.
+fn plugin_runtime(
+    config: &Config,
+    native: &HashMap<String, Arc<dyn Handler>>,
+    total_in_flight: u32,
+) -> anyhow::Result<Option<Arc<PluginRuntime>>> {
+    if config
+        .consumers
+        .iter()
+        .all(|c| native.contains_key(&c.name))
+    {
+        return Ok(None);
+    }
+    let sizing = PoolSizing {
+        // Twice the configured concurrency: headroom for instances still being torn down.
+        instances: total_in_flight.saturating_mul(2).max(8),
+        max_memory: config
+            .consumers
+            .iter()
+            .map(|c| c.memory_limit.0 as usize)
+            .max()
+            .unwrap_or(64 << 20),
+        keep_resident: config.plugins.keep_resident.0 as usize,
+    };
+    let mut rt = PluginRuntime::with_pool(sizing)?;
+    if let Some(dir) = config.host.compile_cache_dir() {
+        // An unusable cache only costs compile time: warn and compile in memory.
+        if let Err(reason) = rt.set_compile_cache(Some(&dir)) {
+            tracing::warn!(%reason, "compile cache disabled");
+        }
+    }
+    Ok(Some(Arc::new(rt)))
+}
+
+/// Every consumer's handler in a registry: its native handler, else its plugin — the shared
+/// store's current version when there is one (the file seeds the store when it has none).
+/// Also the plugin files to watch for swaps, by consumer.
+async fn load(
+    config: &Config,
+    native: &HashMap<String, Arc<dyn Handler>>,
+    runtime: Option<Arc<PluginRuntime>>,
+    store: Option<&NatsStore>,
+) -> anyhow::Result<(Registry, Vec<(String, PathBuf)>)> {
+    let mut registry = Registry::new(runtime.clone(), config.plugins.history as usize);
+    let mut watched = Vec::new();
+    for c in &config.consumers {
+        let limits = PluginLimits {
+            timeout: c.handler_timeout.0,
+            memory: c.memory_limit.0 as usize,
+        };
+        if let Some(h) = native.get(&c.name) {
+            registry.insert(&c.name, h.clone(), "native".into(), None);
+            continue;
+        }
+        let (Some(path), Some(rt)) = (&c.plugin, &runtime) else {
+            anyhow::bail!(
+                "consumer {}: no `plugin` configured and no native handler registered",
+                c.name
+            );
+        };
+        let from_store = match store {
+            Some(store) => store.pointer(&c.name).await?.map(|p| (store, p)),
+            None => None,
+        };
+        let (h, source) = match from_store {
+            Some((store, pointer)) => {
+                let bytes = store
+                    .fetch(&pointer.digest)
+                    .await
+                    .with_context(|| format!("consumer {}: the store's version", c.name))?;
+                let origin = format!("nats:{}", config.plugins.object_bucket);
+                let h = rt
+                    .load_bytes_blocking(bytes, PathBuf::from(&origin), limits)
+                    .await
+                    .with_context(|| format!("consumer {}", c.name))?;
+                (h, origin)
+            }
+            None => {
+                let bytes = std::fs::read(path).with_context(|| {
+                    format!(
+                        "consumer {}: failed to read plugin {}",
+                        c.name,
+                        path.display()
+                    )
+                })?;
+                let h = rt
+                    .load_bytes_blocking(bytes.clone(), path.clone(), limits)
+                    .await
+                    .with_context(|| format!("consumer {}", c.name))?;
+                if let Some(store) = store {
+                    // Another replica may seed first; the store's watch then converges.
+                    let label = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                    store
+                        .seed(&c.name, &bytes, &label.unwrap_or_default())
+                        .await?;
+                }
+                (h, format!("file:{}", path.display()))
+            }
+        };
+        let load = h.load_info();
+        info!(consumer = %c.name, plugin = %source, digest = h.digest(), bytes = load.size,
+            compile_ms = load.compile_time.as_millis() as u64, from_cache = load.from_cache,
+            wasi = %load.wasi_imports.join(","), "plugin loaded");
+        registry.insert(&c.name, Arc::new(h), source, Some(limits));
+        watched.push((c.name.clone(), path.clone()));
+    }
+    Ok((registry, watched))
+}
+
+/// Binds every consumer's JetStream durable (one per partition), each on its consumer's
+/// claimer: the host's pool for a native handler, the consumer's role pool for a plugin.
+async fn bind(
+    config: &Config,
+    native: &HashMap<String, Arc<dyn Handler>>,
+    pool: &PgPool,
+    failover: &Arc<pg::Failover>,
+    registry: &Registry,
+    js: &async_nats::jetstream::Context,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Vec<Arc<source::ConsumerRuntime>>> {
+    let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
+    let mut runtimes = Vec::new();
+    for c in &config.consumers {
+        let claimer = if native.contains_key(&c.name) {
+            // The embedding program's own (trusted) code: on the host's pool.
+            let mut settings = ClaimSettings::for_consumer(c);
+            settings.keep_connections = kept_connections(
+                c.max_in_flight,
+                total_in_flight,
+                config.postgres.max_connections,
+            );
+            Claimer::new(pool.clone(), settings)
+        } else {
+            plugin_claimer(&config.postgres, pool, failover, c).await?
+        };
+        let slot = registry
+            .slot(&c.name)
+            .cloned()
+            .context("consumer missing from the plugin registry")?;
+        // With partitions, one durable (and pull loop) each, all on the consumer's claimer.
+        let partitions: Vec<Option<u32>> = match c.partitions {
+            0 => vec![None],
+            n => (0..n).map(Some).collect(),
+        };
+        for p in partitions {
+            let bound = source::bind(js, c, p, claimer.clone(), slot.clone(), metrics).await?;
+            info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), partition = ?p, isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
+            runtimes.push(Arc::new(
+                bound.log_payload_digest(config.host.log_payload_digest),
+            ));
+        }
+    }
+    Ok(runtimes)
+}
+
+/// After the stop signal: waits for every consumer to finish its in-flight deliveries, then
+/// gives the outbox relay `drain_for` for its last pass (what the consumers committed), and
+/// stops the background tasks (a swap still validating is abandoned: it only takes effect when
+/// installed).
+async fn drain(
+    mut consumers: JoinSet<()>,
+    relay: Option<(JoinHandle<()>, watch::Sender<bool>)>,
+    background: Vec<JoinHandle<()>>,
+    drain_for: Duration,
+) {
+    while consumers.join_next().await.is_some() {}
+    if let Some((mut relay, stop)) = relay {
+        let _ = stop.send(true);
+        tokio::select! {
+            _ = &mut relay => {}
+            _ = tokio::time::sleep(drain_for) => {
+                relay.abort();
+                tracing::warn!("outbox relay did not finish its last pass; the next relay sends the rest");
+            }
+        }
+    }
+    for task in background {
+        task.abort();
     }
 }
 

@@ -2,61 +2,85 @@
 //! construction. Each delivery claims a `(consumer_name, message_id)` marker and runs its
 //! handler in one PostgreSQL transaction; the broker is acked only after that commit returned.
 //!
-//! # Layout (in the order a message flows through)
-//! - [`config`]: the TOML configuration, env overrides and validation.
-//! - [`source`]: JetStream binding, the pull loop, ack / nak / term and dead-lettering.
-//! - [`claim`]: the delivery's transaction — claim, handler, commit — and its [`Outcome`]
-//!   ([`outcome`]: the outcome, the rollback reason and what the delivery took).
-//! - [`txn`]: the transaction handle lent to a handler for the duration of one call.
-//! - [`outbox`]: events published through the transaction (`tx.publish`) and their relay.
-//! - [`sql_gate`]: what handler SQL may do; parameter binding and value conversion.
-//! - [`plugin`]: WASM components — loading, validation, the compile cache, sandboxed
+//! # Embedding
+//! Build a [`Config`] (or [`Config::load`] a TOML file), optionally give a consumer a native
+//! [`Handler`] with [`Host::with_handler`], and [`Host::run`] until a shutdown future
+//! resolves. A handler gets the [`Message`] and a [`TxHandle`] — the delivery's transaction,
+//! its only database access — and its result decides the [`Outcome`]. [`Claimer`] runs one
+//! delivery's transaction without a broker (tests, replays).
+//!
+//! Beside the embedder's API: [`config`] (every key of the configuration file), [`headers`]
+//! (the header names producers and operators use), [`ops`] (what the operator's commands do:
+//! marker retention, dead-letter replay, the outbox, `check`) and [`rehearsal`] (one delivery
+//! outside the broker, as `idemhost plugin test` runs it). The command line is the
+//! `idemhost-cli` package; the benchmark harness is `idemhost-bench`.
+//!
+//! # Layout (in layers; a module uses only modules above it)
+//! - `config`, `headers`, `outcome`, `clock`, `histogram`, `failpoint`: the configuration and
+//!   the types everything shares.
+//! - `pg`: the pool, migrations, the plugin role's wall, the one classification of database
+//!   errors. `sql_gate`: what handler SQL may do. `outbox`: events published through the
+//!   transaction, and their relay.
+//! - `txn`: the transaction handle lent to a handler for one call. `handler`: the [`Handler`]
+//!   trait. `plugin`: WASM components — loading, validation, the compile cache, sandboxed
 //!   per-delivery instances.
-//! - [`registry`]: each consumer's current plugin version and the hot swap (admin API, file
-//!   watch, the shared NATS store, rollback).
-//! - [`handler`]: the [`Handler`] trait shared by plugins and native Rust handlers.
-//! - [`pg`]: the pool, migrations, and the one classification of database errors.
-//! - [`host`]: wiring it all together and running until shutdown.
-//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/plugins` (deploy, rollback).
-//! - [`metrics`]: the Prometheus metrics and their samplers.
-//! - `otel`: OTLP span export (feature `otlp`).
-//! - [`ops`]: operator tooling — `check`, marker stats and retention, dead-letter replay.
-//! - [`cli`]: the `idemhost` command line.
-//! - [`baseline`]: the seed's inventory handler in native Rust (embedding example, WASM baseline).
-//! - [`failpoint`]: crash points for fault tests (feature `failpoints`).
-//! - [`histogram`]: lock-free latency histograms (plugin instantiate and handle times).
-//! - [`clock`]: ages of broker timestamps.
+//! - `claim`: the delivery's transaction — claim, handler, commit — and its [`Outcome`].
+//! - `source`: JetStream binding, the pull loop, ack / nak / term and dead-lettering.
+//! - `registry`: each consumer's current plugin version and the hot swap.
+//! - `metrics`, `admin` (`/healthz`, `/readyz`, `/metrics`, `/plugins`), `ops`, `otel`.
+//! - `host`: wiring it all together and running until shutdown.
 
+#![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod admin;
-pub mod baseline;
-pub mod bench;
-pub mod claim;
-pub mod cli;
-pub mod clock;
+mod admin;
+mod claim;
+mod clock;
 pub mod config;
-pub mod failpoint;
-pub mod handler;
-pub mod histogram;
-pub mod host;
-pub mod metrics;
+mod failpoint;
+mod handler;
+pub mod headers;
+mod histogram;
+mod host;
+mod metrics;
 pub mod ops;
 #[cfg(feature = "otlp")]
-pub mod otel;
-pub mod outbox;
-pub mod outcome;
-pub mod pg;
-pub mod plugin;
-pub mod registry;
-pub mod source;
-pub mod sql_gate;
-pub mod txn;
+mod otel;
+mod outbox;
+mod outcome;
+mod pg;
+mod plugin;
+mod registry;
+pub mod rehearsal;
+mod source;
+mod sql_gate;
+mod subjects;
+pub mod telemetry;
+mod txn;
 
-pub use claim::{CLAIM_SQL, ClaimSettings, Claimer, Outcome, Processed, Rollback};
+pub use claim::{CLAIM_SQL, ClaimSettings, Claimer};
 pub use config::{Config, ConsumerConfig, Isolation};
-pub use handler::{HandleFuture, Handler, HandlerError, Message};
-pub use host::Host;
-pub use plugin::{LoadInfo, PluginLimits, PluginRuntime, PluginTimings, PoolSizing, WasmHandler};
+pub use handler::{HandleFuture, Handler, HandlerError, Message, PluginTimings};
+pub use host::{Host, RunOptions};
+pub use outcome::{Outcome, Processed, Rollback};
+pub use pg::migrate;
+pub use plugin::{LoadInfo, PluginError, PluginLimits, PluginRuntime, PoolSizing, WasmHandler};
 pub use sql_gate::SqlValue;
 pub use txn::{TxError, TxHandle};
+
+/// Internals the system tests in `tests/` drive directly. Not API: hidden from the docs, and
+/// only built with the `test-support` feature.
+#[cfg(feature = "test-support")]
+#[doc(hidden)]
+pub mod test_support {
+    pub use crate::admin::{http, probe};
+    pub use crate::metrics::Metrics;
+    pub use crate::outbox::relay;
+    /// The database layer's helpers the tests call.
+    pub mod pg {
+        pub use crate::pg::wall;
+        pub use crate::pg::{Connections, Tx, Wall, connect_options, session_failed};
+    }
+    pub use crate::source::partition;
+    pub use crate::sql_gate::check;
+}

@@ -1,6 +1,9 @@
 //! What an operator runs against a deployment, as a library the CLI calls: proving a message's
 //! marker and effect ([`check`]), marker table statistics and retention ([`markers`]), dead
-//! letters ([`dlq`]), outbox rows the relay could not publish ([`outbox`]), and the broker queries they and the metrics samplers share ([`broker`]).
+//! letters ([`dlq`]), outbox rows the relay could not publish ([`outbox`]), pausing a consumer
+//! on the server ([`pause`]), the broker queries they and the metrics samplers share
+//! ([`broker`]); the connections they need, the admin endpoint's client ([`admin`]) and the
+//! shared plugin store ([`NatsStore`]).
 
 pub mod broker;
 pub mod check;
@@ -12,6 +15,17 @@ pub mod pause;
 use std::time::Duration;
 
 pub use crate::clock::age_of;
+pub use crate::config::postgres_url::{redact_url, redact_urls};
+pub use crate::host::connect_nats;
+pub use crate::pg::{connect as connect_postgres, describe as describe_error};
+pub use crate::registry::store::NatsStore;
+
+/// The admin endpoint's client: [`admin::probe`] (`idemhost health`) and the HTTP requests of
+/// `idemhost plugin deploy | list | rollback`.
+pub mod admin {
+    pub use crate::admin::http::{Response, get, request, request_ok};
+    pub use crate::admin::probe;
+}
 
 /// `1d 2h 3m`-style text for an age, to the second.
 pub fn human(d: Duration) -> String {

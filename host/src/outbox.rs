@@ -10,16 +10,15 @@ pub mod relay;
 
 use std::sync::Arc;
 
+use crate::headers::CAUSATION_HEADER;
 use crate::pg::{Tx, Wall};
+use crate::subjects::{check_subject, subject_matches};
 
 /// Events one delivery may publish.
 pub const MAX_EVENTS_PER_DELIVERY: u32 = 1000;
 /// Largest event payload (NATS's default `max_payload`).
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
-/// Header naming the message whose handling published the event.
-pub const CAUSATION_HEADER: &str = "Idemhost-Causation-Id";
 
-const MAX_SUBJECT_BYTES: usize = 256;
 const MAX_HEADERS: usize = 64;
 const MAX_HEADER_NAME_BYTES: usize = 128;
 const MAX_HEADER_VALUE_BYTES: usize = 4096;
@@ -122,65 +121,6 @@ pub fn event_headers(
         }
     }
     Ok(out)
-}
-
-/// Prefixes never published to from a plugin: the server's and JetStream's API (`$JS`, `$KV`,
-/// `$O`, `$SYS`, ...) and request inboxes (replies a client waits for).
-const RESERVED_PREFIXES: [&str; 3] = ["$", "_INBOX.", "_R_."];
-
-fn check_subject(subject: &str) -> Result<(), String> {
-    let bad = subject.is_empty()
-        || subject.len() > MAX_SUBJECT_BYTES
-        || subject
-            .split('.')
-            .any(|t| t.is_empty() || t == "*" || t == ">")
-        || subject.chars().any(|c| c.is_whitespace() || c.is_control());
-    if bad {
-        return Err(format!(
-            "invalid event subject {subject:?}: a literal NATS subject (no wildcards, no spaces, at most {MAX_SUBJECT_BYTES} bytes)"
-        ));
-    }
-    if RESERVED_PREFIXES.iter().any(|p| subject.starts_with(p)) {
-        return Err(format!(
-            "event subject {subject:?} is reserved (`$` subjects and request inboxes are never published from a plugin)"
-        ));
-    }
-    Ok(())
-}
-
-/// Checks a `publish_subjects` pattern: NATS tokens, `*` for one, `>` only last, never a
-/// reserved prefix.
-pub fn check_pattern(pattern: &str) -> Result<(), String> {
-    let tokens: Vec<&str> = pattern.split('.').collect();
-    let bad = pattern.is_empty()
-        || pattern.chars().any(|c| c.is_whitespace() || c.is_control())
-        || tokens.iter().any(|t| t.is_empty())
-        || tokens[..tokens.len() - 1].contains(&">");
-    if bad {
-        return Err(format!(
-            "{pattern:?} is not a NATS subject pattern (tokens separated by `.`, `*` for one token, `>` last)"
-        ));
-    }
-    if RESERVED_PREFIXES.iter().any(|p| pattern.starts_with(p)) {
-        return Err(format!(
-            "{pattern:?} is reserved: `$` subjects (JetStream API, KV, object store) and inboxes are never allowed"
-        ));
-    }
-    Ok(())
-}
-
-/// Whether literal `subject` matches NATS `pattern`.
-pub fn subject_matches(pattern: &str, subject: &str) -> bool {
-    let mut subject_tokens = subject.split('.');
-    for p in pattern.split('.') {
-        match (p, subject_tokens.next()) {
-            (">", Some(_)) => return true,
-            ("*", Some(_)) => {}
-            (p, Some(t)) if p == t => {}
-            _ => return false,
-        }
-    }
-    subject_tokens.next().is_none()
 }
 
 /// Writes event `seq` of `origin` in `tx`, through the host's function (the plugin's role has
@@ -297,11 +237,5 @@ mod tests {
         }
         let none = Origin::new("c", "m", &[]);
         assert!(event_headers(&none, "orders.placed", &[], b"").is_err());
-        for p in ["$JS.>", ">.a", "a..b", "", "$KV.*.*", "_INBOX.>"] {
-            assert!(check_pattern(p).is_err(), "{p:?}");
-        }
-        for p in ["a", "a.*", "a.>", ">", "*.b"] {
-            assert!(check_pattern(p).is_ok(), "{p:?}");
-        }
     }
 }

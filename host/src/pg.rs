@@ -9,6 +9,7 @@ use sqlx::postgres::PgConnectOptions;
 use tracing::debug;
 
 use crate::config::PostgresConfig;
+pub(crate) use crate::config::postgres_url::{redact_url, redact_urls};
 
 pub mod failover;
 mod tx;
@@ -66,59 +67,6 @@ pub fn describe(error: &sqlx::Error) -> String {
         },
         other => other.to_string(),
     }
-}
-
-/// A URL with its password replaced by `***`, for error messages and logs: the one in its
-/// user part and a `password=` query parameter.
-pub fn redact_url(raw: &str) -> String {
-    if let Ok(mut u) = url::Url::parse(raw) {
-        if u.password().is_some() {
-            // Setting a password only fails for URLs that cannot have one.
-            let _ = u.set_password(Some("***"));
-        }
-        return redact_query_password(u.as_ref());
-    }
-    // Several hosts (`h1:5432,h2:5432`) are not a URL to the `url` crate, nor is a password
-    // with an unencoded `/` in it: by hand, then, masking all from `user:` to the last `@`.
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return "<unparseable url>".to_string();
-    };
-    let redacted = match rest.rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split([':', '/', '?']).next().unwrap_or_default();
-            let password = if rest[..at].len() > user.len() {
-                ":***"
-            } else {
-                ""
-            };
-            format!("{scheme}://{user}{password}{}", &rest[at..])
-        }
-        None => raw.to_string(),
-    };
-    redact_query_password(&redacted)
-}
-
-/// `password=…` query parameters replaced by `password=***`.
-fn redact_query_password(url: &str) -> String {
-    let Some((base, query)) = url.split_once('?') else {
-        return url.to_string();
-    };
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{base}?{}", pairs.join("&"))
-}
-
-/// [`redact_url`] of each URL of a comma-separated list (`nats.url` of a cluster).
-pub fn redact_urls(list: &str) -> String {
-    list.split(',')
-        .map(|u| redact_url(u.trim()))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Options for connecting: the URL, an optional schema put first on the search path, and the
@@ -265,14 +213,5 @@ mod tests {
         assert_eq!(classify_sqlstate("57014"), FailureKind::Retryable);
         assert_eq!(classify_sqlstate("08006"), FailureKind::Retryable);
         assert_eq!(classify_sqlstate("42P01"), FailureKind::Retryable);
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/x"),
-            "postgres://app:***@db:5432/x"
-        );
-        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
     }
 }

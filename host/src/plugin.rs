@@ -8,8 +8,6 @@ mod cache;
 mod imports;
 pub mod world;
 
-pub use crate::config::default_compile_cache_dir;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

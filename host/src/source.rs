@@ -17,33 +17,21 @@ use crate::claim::Claimer;
 use crate::config::ConsumerConfig;
 use crate::metrics::{ConsumerMetrics, EventTypeLabels, Metrics};
 use crate::registry::Slot;
+use crate::subjects::subject_matches;
 
 mod exhausted;
 mod gathering;
 mod group_limit;
-mod headers;
 pub mod ordering;
 pub mod partition;
 #[cfg(test)]
 mod props;
 mod pulling;
 mod settle;
+pub(crate) use crate::headers::header;
 use gathering::Gathering;
-pub use headers::header;
-pub use headers::message_id;
 use ordering::{KeySpec, KeyedQueues};
-pub(crate) use settle::{Refused, read_message};
-
-/// Header read before the configured id header: set by dead-letter replays, which must carry
-/// the original id while publishing under a fresh broker-level id.
-pub const REPLAY_ID_HEADER: &str = "Idemhost-Message-Id";
-/// Header naming the event type (else the subject is used).
-pub const EVENT_TYPE_HEADER: &str = "Idemhost-Event-Type";
-/// Headers added to a dead-lettered message.
-pub const FAILURE_REASON_HEADER: &str = "Idemhost-Failure-Reason";
-pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
-pub const ORIGINAL_SUBJECT_HEADER: &str = "Idemhost-Original-Subject";
-pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
+pub(crate) use settle::read_message;
 
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
@@ -597,33 +585,4 @@ fn stream_safe(name: &str) -> String {
             }
         })
         .collect()
-}
-
-/// Whether NATS subject `pattern` (with `*` and `>` wildcards) matches literal `subject`.
-fn subject_matches(pattern: &str, subject: &str) -> bool {
-    let mut subject_tokens = subject.split('.');
-    for p in pattern.split('.') {
-        match (p, subject_tokens.next()) {
-            (">", Some(_)) => return true,
-            ("*", Some(_)) => {}
-            (p, Some(s)) if p == s => {}
-            _ => return false,
-        }
-    }
-    subject_tokens.next().is_none()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn subjects_match_with_wildcards() {
-        assert!(subject_matches("dlq.inventory", "dlq.inventory"));
-        assert!(subject_matches("dlq.*", "dlq.inventory"));
-        assert!(subject_matches("orders.>", "orders.dlq.x"));
-        assert!(!subject_matches("orders.placed", "orders.dlq"));
-        assert!(!subject_matches("orders.*", "orders.dlq.x"));
-        assert!(!subject_matches("orders.placed.x", "orders.placed"));
-    }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::{Config, ConfigError, is_kv_key};
+use super::{Config, ConfigError, is_kv_key, postgres_url};
 
 impl Config {
     /// Checks every rule that does not need a server; the first violation names its key.
@@ -34,7 +34,7 @@ impl Config {
                 "must start with postgres:// or postgresql://",
             );
         }
-        if let Err(e) = crate::pg::failover::Servers::parse(&self.postgres.url) {
+        if let Err(e) = postgres_url::Servers::parse(&self.postgres.url) {
             // The error names the key and shows the URL redacted.
             return bad("postgres.url".into(), &e.to_string());
         }
@@ -255,11 +255,11 @@ impl Config {
             if let Some(p) = c
                 .publish_subjects
                 .iter()
-                .find(|p| crate::outbox::check_pattern(p).is_err())
+                .find(|p| crate::subjects::check_pattern(p).is_err())
             {
                 return bad(
                     key("publish_subjects"),
-                    &crate::outbox::check_pattern(p).err().unwrap_or_default(),
+                    &crate::subjects::check_pattern(p).err().unwrap_or_default(),
                 );
             }
             if let Some(o) = &c.ordering

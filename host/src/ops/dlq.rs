@@ -11,19 +11,14 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::config::ConsumerConfig;
-use crate::source::{
-    DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER,
-    ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER,
+use crate::headers::{
+    DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER, NATS_MSG_ID_HEADER,
+    ORIGINAL_SUBJECT_HEADER, REPAIR_OF_HEADER, REPLAY_ID_HEADER, REPLAYED_FROM_HEADER,
 };
 
 use super::age_of;
 use super::broker::is_no_message;
 use crate::source::header;
-
-/// Header of a replayed message naming the dead letter it came from (`<stream>/<seq>`).
-pub const REPLAYED_FROM_HEADER: &str = "Idemhost-Replayed-From";
-/// Header of a repair replay naming the original message id.
-pub const REPAIR_OF_HEADER: &str = "Idemhost-Repair-Of";
 
 /// Dead letters looked at, at most, by one listing (a subject shared by many consumers).
 const MAX_SCAN: usize = 100_000;
@@ -220,7 +215,7 @@ pub async fn replay(
         for (name, values) in d.headers.iter() {
             let n = name.to_string();
             let dropped = [
-                "Nats-Msg-Id",
+                NATS_MSG_ID_HEADER,
                 REPLAY_ID_HEADER,
                 FAILURE_REASON_HEADER,
                 FAILED_CONSUMER_HEADER,
@@ -240,7 +235,7 @@ pub async fn replay(
         headers.insert(REPLAY_ID_HEADER, id.as_str());
         headers.insert(REPLAYED_FROM_HEADER, from.as_str());
         // The broker's own duplicate window absorbs a second replay of the same dead letter.
-        headers.insert("Nats-Msg-Id", format!("replay/{from}").as_str());
+        headers.insert(NATS_MSG_ID_HEADER, format!("replay/{from}").as_str());
         let audit = match repair {
             Some(r) => {
                 headers.insert(REPAIR_OF_HEADER, d.message_id.as_deref().unwrap_or(""));

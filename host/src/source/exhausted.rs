@@ -23,8 +23,8 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use super::ConsumerRuntime;
-use super::headers::message_id;
 use super::settle::DeadLetter;
+use crate::headers::message_id;
 
 /// What the watcher's own durable consumer on the advisory stream is called.
 const WATCHER: &str = "idemhost-exhausted";

@@ -5,8 +5,8 @@ use async_nats::HeaderMap;
 use proptest::prelude::*;
 
 use super::exhausted::lenient_headers;
-use super::headers::{header_safe, message_id, traceparent};
 use crate::config::MAX_MESSAGE_ID_BYTES;
+use crate::headers::{header_safe, message_id, traceparent};
 
 /// Header values the client accepts: no CR or LF.
 fn header_value() -> impl Strategy<Value = String> {

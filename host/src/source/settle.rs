@@ -9,15 +9,16 @@ use async_nats::jetstream::{self, AckKind};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::headers::{flatten, header_safe, traceparent};
-use super::{
-    ConsumerRuntime, DELIVERY_ATTEMPT_HEADER, EVENT_TYPE_HEADER, FAILED_CONSUMER_HEADER,
-    FAILURE_REASON_HEADER, ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER, header, message_id,
-};
+use super::ConsumerRuntime;
 use crate::claim::{Outcome, Processed};
 use crate::config::ConsumerConfig;
 use crate::failpoint;
 use crate::handler::Message;
+use crate::headers::{
+    DELIVERY_ATTEMPT_HEADER, EVENT_TYPE_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER,
+    ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER, flatten, header, header_safe, message_id,
+    traceparent,
+};
 
 /// What a delivery holds while its transaction runs: one of `max_in_flight` slots and its
 /// pull credit.

@@ -7,7 +7,7 @@
 // `NoteAdded` ({"noteId": str, "text": str}) records the note once. The host has already claimed
 // the message's marker in the transaction it lends us (`tx`); every write goes through `tx`, so
 // the note and the marker commit together or not at all. The `conformance.*` event types exist
-// for the host's conformance suite (host/tests/conformance.rs); delete them in your own handler.
+// for the host's conformance suite (tests/conformance.rs); delete them in your own handler.
 //
 // Ownership, as the canonical ABI hands it to us: the message is ours to free; the borrowed
 // transaction must be dropped before returning; an error string we return is freed by the

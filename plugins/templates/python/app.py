@@ -6,7 +6,7 @@ Build: `scripts/build-plugins.sh` builds it into plugins/dist/template-py.wasm; 
 `NoteAdded` ({"noteId": str, "text": str}) records the note once. The host has already claimed
 the message's marker in the transaction it lends us (`tx`); every write goes through `tx`, so the
 note and the marker commit together or not at all. The `conformance.*` event types exist for the
-host's conformance suite (host/tests/conformance.rs); delete them in your own handler.
+host's conformance suite (tests/conformance.rs); delete them in your own handler.
 """
 
 import json

@@ -1,0 +1,167 @@
+//! Every header name idemhost reads or writes, and the readers of a delivery's headers: its
+//! message id, the W3C trace context it continues, and header-safe failure reasons for dead
+//! letters. The names are public interface: producers, replay scripts and dashboards use them.
+
+use async_nats::HeaderMap;
+
+use crate::config::MAX_MESSAGE_ID_BYTES;
+
+/// The broker's own de-duplication id, and the message id a consumer reads by default
+/// (`consumers.id_header`).
+pub const NATS_MSG_ID_HEADER: &str = "Nats-Msg-Id";
+/// Header read before the configured id header: set by dead-letter replays, which must carry
+/// the original id while publishing under a fresh broker-level id.
+pub const REPLAY_ID_HEADER: &str = "Idemhost-Message-Id";
+/// Header naming the event type (else the subject is used).
+pub const EVENT_TYPE_HEADER: &str = "Idemhost-Event-Type";
+/// A dead letter's failure reason (one line, at most 1 KiB).
+pub const FAILURE_REASON_HEADER: &str = "Idemhost-Failure-Reason";
+/// The consumer that dead-lettered the message.
+pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
+/// The subject the dead-lettered message was published to.
+pub const ORIGINAL_SUBJECT_HEADER: &str = "Idemhost-Original-Subject";
+/// How many times the broker had delivered the message when it was dead-lettered.
+pub const DELIVERY_ATTEMPT_HEADER: &str = "Idemhost-Delivery-Attempt";
+/// Header of a replayed message naming the dead letter it came from (`<stream>/<seq>`).
+pub const REPLAYED_FROM_HEADER: &str = "Idemhost-Replayed-From";
+/// Header of a repair replay naming the original message id.
+pub const REPAIR_OF_HEADER: &str = "Idemhost-Repair-Of";
+/// Header of an outbox event naming the message whose handling published it.
+pub const CAUSATION_HEADER: &str = "Idemhost-Causation-Id";
+
+/// Longest failure reason put in a header.
+const MAX_REASON_BYTES: usize = 1024;
+
+/// The first value of header `name`, if present.
+pub(crate) fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers.get(name).map(|v| v.as_str().to_string())
+}
+
+/// The delivery's message id: `Idemhost-Message-Id` if present, else `id_header`. Missing,
+/// empty and over-long ids are refused (terminal): an id is never invented.
+pub(crate) fn message_id(headers: &HeaderMap, id_header: &str) -> Result<String, String> {
+    let (name, value) = match header(headers, REPLAY_ID_HEADER) {
+        Some(v) => (REPLAY_ID_HEADER, v),
+        None => match header(headers, id_header) {
+            Some(v) => (id_header, v),
+            None => return Err(format!("missing message id header {id_header}")),
+        },
+    };
+    if value.trim().is_empty() {
+        return Err(format!("empty message id in header {name}"));
+    }
+    if value.len() > MAX_MESSAGE_ID_BYTES {
+        return Err(format!(
+            "message id in header {name} is {} bytes, over the {MAX_MESSAGE_ID_BYTES}-byte limit",
+            value.len()
+        ));
+    }
+    Ok(value)
+}
+
+pub(crate) fn flatten(headers: &HeaderMap) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (name, values) in headers.iter() {
+        for v in values {
+            out.push((name.to_string(), v.as_str().to_string()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A reason fit for a header value: one line, bounded length.
+pub(crate) fn header_safe(reason: &str) -> String {
+    let mut s: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    s.truncate(s.floor_char_boundary(MAX_REASON_BYTES));
+    s
+}
+
+/// The trace id and parent span id of a W3C `traceparent` header
+/// (`00-<32 hex>-<16 hex>-<2 hex>`); `None` when it is absent or malformed (all-zero ids are
+/// invalid, and version `ff` is forbidden).
+pub(crate) fn traceparent(headers: &HeaderMap) -> Option<(String, String)> {
+    let value = header(headers, "traceparent")?;
+    let mut parts = value.trim().split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let valid = hex(version, 2)
+        && version != "ff"
+        && (version != "00" || parts.next().is_none())
+        && hex(trace, 32)
+        && hex(parent, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0')
+        && parent.bytes().any(|b| b != b'0');
+    valid.then(|| (trace.to_string(), parent.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_id_prefers_replay_header_and_refuses_bad_ids() {
+        let mut h = HeaderMap::new();
+        assert!(
+            message_id(&h, "Nats-Msg-Id")
+                .unwrap_err()
+                .contains("missing")
+        );
+        h.insert("Nats-Msg-Id", "");
+        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("empty"));
+        h.insert("Nats-Msg-Id", "x".repeat(257).as_str());
+        assert!(
+            message_id(&h, "Nats-Msg-Id")
+                .unwrap_err()
+                .contains("257 bytes")
+        );
+        h.insert("Nats-Msg-Id", "x".repeat(256).as_str());
+        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap().len(), 256);
+        h.insert(REPLAY_ID_HEADER, "evt-7");
+        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap(), "evt-7");
+    }
+
+    #[test]
+    fn traceparent_is_parsed_strictly() {
+        let mut h = HeaderMap::new();
+        assert_eq!(traceparent(&h), None);
+        h.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
+        assert_eq!(
+            traceparent(&h),
+            Some((
+                "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+                "00f067aa0ba902b7".into()
+            ))
+        );
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "garbage",
+        ] {
+            h.insert("traceparent", bad);
+            assert_eq!(traceparent(&h), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn reasons_are_header_safe() {
+        assert_eq!(header_safe("a\nb\r\nc"), "a b  c");
+        assert_eq!(header_safe(&"é".repeat(1000)).len(), 1024);
+    }
+}

@@ -1,0 +1,91 @@
+//! One delivery rehearsed outside the broker (`idemhost plugin test`): the message read from
+//! its parts by the rules a real delivery is read by, then claim, handler and the end of the
+//! transaction exactly as a consumer runs them — as the consumer's role, through the wall —
+//! recording every statement the handler ran, and rolled back unless asked to commit.
+
+use std::sync::Arc;
+
+use crate::claim::{Processed, Rehearsal};
+use crate::config::{Config, ConsumerConfig};
+use crate::handler::Message;
+use crate::headers::{EVENT_TYPE_HEADER, header, message_id};
+use crate::plugin::WasmHandler;
+use crate::txn::Trace;
+use crate::{pg, source};
+
+pub use crate::txn::{Published, Statement, StatementResult, Traced};
+
+/// Why a message is refused before any transaction (a delivery of it would be dead-lettered
+/// at once): an invalid id, a payload over `max_payload`.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    /// Why, as the dead letter's `Idemhost-Failure-Reason` would say.
+    pub reason: String,
+}
+
+/// The message a delivery with these parts would give the handler, read by the same rules
+/// (the id from the consumer's id header, `Idemhost-Event-Type`, `max_payload`).
+pub fn read(
+    consumer: &ConsumerConfig,
+    subject: &str,
+    headers: &async_nats::HeaderMap,
+    payload: Vec<u8>,
+    attempt: u32,
+) -> Result<Message, Refused> {
+    source::read_message(
+        consumer,
+        message_id(headers, &consumer.id_header),
+        header(headers, EVENT_TYPE_HEADER),
+        headers,
+        subject,
+        payload.into(),
+        attempt,
+    )
+    .map_err(|r| Refused { reason: r.reason })
+}
+
+/// What a rehearsal did: how the delivery ended, and what the handler ran and published.
+pub struct Rehearsed {
+    /// The delivery's outcome, as the consumer would settle it.
+    pub processed: Processed,
+    /// The handler's statements, their results and its published events.
+    pub traced: Traced,
+}
+
+/// Runs `msg` through `handler` as `consumer` would, on the configured PostgreSQL: applies the
+/// host's migrations first when `migrate` (as `idemhost run` does), provisions the consumer's
+/// role, and commits only when `commit` (else rolls back where a delivery would commit).
+pub async fn run(
+    config: &Config,
+    consumer: &ConsumerConfig,
+    handler: &WasmHandler,
+    msg: &Message,
+    migrate: bool,
+    commit: bool,
+) -> anyhow::Result<Rehearsed> {
+    let (pool, failover) = pg::connect_following(&config.postgres, 2).await?;
+    // As `idemhost run` does (these, and the role's provisioning, are committed: they are the
+    // host's set-up, not the delivery).
+    if migrate {
+        pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
+    }
+    let trace = Arc::new(Trace::default());
+    let claimer = crate::host::plugin_claimer(&config.postgres, &pool, &failover, consumer)
+        .await?
+        .rehearsing(Rehearsal {
+            trace: trace.clone(),
+            commit,
+        });
+    let processed = claimer.process(handler, msg).await;
+    pool.close().await;
+    Ok(Rehearsed {
+        processed,
+        traced: trace.snapshot(),
+    })
+}
+
+/// The PostgreSQL role `consumer`'s handler runs as (its `role`, else one derived from its
+/// name).
+pub fn role(config: &Config, consumer: &ConsumerConfig) -> String {
+    pg::wall::plugin_role(&config.postgres, consumer)
+}

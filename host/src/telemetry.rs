@@ -1,0 +1,70 @@
+//! Logging and tracing for a process running a host — the `idemhost` binary, or a program
+//! embedding the library — and the signals that stop it.
+
+use crate::config::LogFormat;
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`). Built with the `otlp` feature, spans
+/// are also exported when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+pub fn init_tracing(format: Option<LogFormat>) {
+    init_tracing_at(format, "info")
+}
+
+/// [`init_tracing`] with another default filter (`RUST_LOG` still wins).
+pub fn init_tracing_at(format: Option<LogFormat>, default_filter: &str) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format.unwrap_or(LogFormat::Text) {
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .boxed(),
+        LogFormat::Text => fmt.boxed(),
+    };
+    let registry = tracing_subscriber::registry().with(fmt).with(filter);
+    #[cfg(feature = "otlp")]
+    let _ = registry.with(crate::otel::layer()).try_init();
+    #[cfg(not(feature = "otlp"))]
+    {
+        if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+            eprintln!(
+                "warning: OTEL_EXPORTER_OTLP_ENDPOINT is set, but this idemhost was built without the `otlp` feature"
+            );
+        }
+        let _ = registry.try_init();
+    }
+}
+
+/// Flushes exported spans (feature `otlp`); call once before the process exits.
+pub fn shutdown_tracing() {
+    #[cfg(feature = "otlp")]
+    crate::otel::shutdown();
+}
+
+/// Resolves on SIGINT or SIGTERM (also as PID 1 in a container: tokio installs real handlers).
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,555 @@
+//! Shared test environment: each test gets its own PostgreSQL schema (with the host's and the
+//! example's migrations applied) and its own JetStream stream, so tests run in parallel against
+//! the machine's real PostgreSQL (127.0.0.1:5432) and NATS (127.0.0.1:4222).
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures::StreamExt;
+use idemhost::{
+    ClaimSettings, Claimer, Config, Host, Message, PluginLimits, PluginRuntime, WasmHandler,
+};
+use rand::Rng;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+mod events;
+mod nats;
+mod servers;
+// Not every test binary uses every part.
+#[allow(unused_imports)]
+pub use events::*;
+pub use nats::*;
+#[allow(unused_imports)]
+pub use servers::*;
+
+/// A test setting read once from the environment, else its default: the server matrix
+/// (`scripts/test.sh`) runs the core suites again against private newer servers by setting them.
+pub struct FromEnv {
+    var: &'static str,
+    default: &'static str,
+    value: std::sync::OnceLock<String>,
+}
+
+impl FromEnv {
+    const fn new(var: &'static str, default: &'static str) -> FromEnv {
+        FromEnv {
+            var,
+            default,
+            value: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub fn get(&self) -> &str {
+        self.value.get_or_init(|| {
+            std::env::var(self.var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| self.default.to_string())
+        })
+    }
+}
+
+impl std::ops::Deref for FromEnv {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.get()
+    }
+}
+
+impl std::fmt::Display for FromEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+/// The shared PostgreSQL the tests use (`IDEMHOST_TEST_PG_URL`).
+pub static PG_URL: FromEnv = FromEnv::new(
+    "IDEMHOST_TEST_PG_URL",
+    "postgres://root@127.0.0.1:5432/test",
+);
+/// The shared NATS with JetStream (`IDEMHOST_TEST_NATS_URL`).
+pub static NATS_URL: FromEnv = FromEnv::new("IDEMHOST_TEST_NATS_URL", "nats://127.0.0.1:4222");
+/// PostgreSQL's programs for private instances (`IDEMHOST_TEST_PG_BIN`).
+pub static PG_BIN: FromEnv = FromEnv::new("IDEMHOST_TEST_PG_BIN", "/usr/lib/postgresql/15/bin");
+/// `nats-server` for private instances (`IDEMHOST_TEST_NATS_SERVER`).
+pub static NATS_SERVER: FromEnv =
+    FromEnv::new("IDEMHOST_TEST_NATS_SERVER", "/usr/sbin/nats-server");
+
+/// A pool on `schema` of the PostgreSQL at `url`, with the host's and the example's migrations
+/// applied.
+pub async fn schema_pool(url: &str, schema: &str, max_connections: u32) -> PgPool {
+    let options = idemhost::test_support::pg::connect_options(url, Some(schema), schema).unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(options)
+        .await
+        .unwrap();
+    idemhost::migrate(&pool, Some(schema)).await.unwrap();
+    sqlx::raw_sql(include_str!(
+        "../../examples/order-flow/migrations/0001_inventory.sql"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool
+}
+
+/// Waits (up to 10 s) until something accepts connections on 127.0.0.1:`port`.
+fn wait_accepting(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs a host with `config` and returns why it refused to start (panics if it starts).
+pub async fn start_error(config: Config) -> String {
+    let run = Host::new(config).run(
+        idemhost::RunOptions::default(),
+        std::future::pending::<()>(),
+    );
+    match tokio::time::timeout(Duration::from_secs(60), run).await {
+        Ok(Err(e)) => format!("{e:#}"),
+        Ok(Ok(())) => panic!("the host ran"),
+        Err(_) => panic!("the host started instead of refusing"),
+    }
+}
+
+pub fn unique(tag: &str) -> String {
+    format!(
+        "{}_{:08x}",
+        tag.to_lowercase().replace('-', "_"),
+        rand::rng().random::<u32>()
+    )
+}
+
+/// A private schema with `processed_message` and the example's `inventory`.
+pub struct TestEnv {
+    pub schema: String,
+    pub pool: PgPool,
+}
+
+impl TestEnv {
+    pub async fn new(tag: &str) -> TestEnv {
+        init_logs();
+        let schema = format!("t_{}", unique(tag));
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&PG_URL)
+            .await
+            .expect("connect to test PostgreSQL");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let pool = schema_pool(&PG_URL, &schema, 12).await;
+        TestEnv { schema, pool }
+    }
+
+    pub async fn seed_inventory(&self, skus: &[(&str, i64)]) {
+        for (sku, available) in skus {
+            sqlx::query("INSERT INTO inventory (sku, available, reserved) VALUES ($1, $2, 0)")
+                .bind(sku)
+                .bind(available)
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Runs SQL without parameters (one or more statements) in this schema.
+    pub async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+            .unwrap_or(0)
+    }
+
+    pub async fn markers(&self, consumer: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM processed_message WHERE consumer_name = $1")
+            .bind(consumer)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn reserved(&self, sku: &str) -> i64 {
+        sqlx::query_scalar("SELECT reserved FROM inventory WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn available(&self, sku: &str) -> i64 {
+        sqlx::query_scalar("SELECT available FROM inventory WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Pid of this test's session that waits on a lock while running a statement containing
+    /// `prefix`, once there is one. (The claim is sent with the `BEGIN` of its transaction,
+    /// so the whole text is searched, not only its start.)
+    pub async fn wait_for_lock_wait(&self, prefix: &str) -> i32 {
+        let like = format!("%{prefix}%");
+        wait_until(
+            Duration::from_secs(20),
+            &format!("a session blocked in `{prefix}`"),
+            || async {
+                sqlx::query_scalar::<_, i32>(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock' AND query LIKE $2",
+                )
+                .bind(&self.schema)
+                .bind(&like)
+                .fetch_optional(&self.pool)
+                .await
+                .unwrap()
+            },
+        )
+        .await
+    }
+
+    /// The login role this schema's host derives for `consumer` (see `pg::wall::plugin_role`).
+    pub fn plugin_role(&self, consumer: &str) -> String {
+        let text = format!(
+            "{}\n[[consumer]]\nname = \"{consumer}\"\nstream = \"S\"\nplugin = \"x.wasm\"\n",
+            self.postgres_toml()
+        );
+        let config = parse_config(&text);
+        idemhost::test_support::pg::wall::plugin_role(&config.postgres, &config.consumers[0])
+    }
+
+    /// A claimer whose deliveries run behind the plugin wall, as the host runs plugins: on
+    /// connections logged in as `consumer`'s provisioned role, granted `tables` only.
+    pub async fn plugin_claimer(&self, settings: ClaimSettings, tables: &[&str]) -> Claimer {
+        let role = self.plugin_role(&settings.consumer_name);
+        let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
+        idemhost::test_support::pg::wall::provision_role(
+            &self.pool,
+            &settings.consumer_name,
+            &role,
+            &tables,
+            None,
+        )
+        .await
+        .unwrap();
+        let options = idemhost::test_support::pg::wall::connect_as(
+            &PG_URL,
+            Some(&self.schema),
+            &self.schema,
+            &role,
+            None,
+        )
+        .unwrap();
+        let plugin_pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .unwrap();
+        Claimer::with_plugin_pool(self.pool.clone(), plugin_pool, settings)
+    }
+
+    /// The `[postgres]` section pointing a host at this schema.
+    pub fn postgres_toml(&self) -> String {
+        format!(
+            "[postgres]\nurl = \"{PG_URL}\"\nschema = \"{}\"\nmax_connections = 8\napplication_name = \"{}\"\n",
+            self.schema, self.schema
+        )
+    }
+
+    pub async fn cleanup(self) {
+        self.pool.close().await;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&PG_URL)
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema
+        )))
+        .execute(&admin)
+        .await
+        .unwrap();
+        // The plugin roles the hosts of this schema provisioned (best effort: a session of one
+        // may still be closing).
+        let roles: Vec<String> =
+            sqlx::query_scalar("SELECT rolname::text FROM pg_roles WHERE starts_with(rolname, $1)")
+                .bind(format!("idemhost_{}_", self.schema))
+                .fetch_all(&admin)
+                .await
+                .unwrap_or_default();
+        for role in roles {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE \"{role}\"")))
+                .execute(&admin)
+                .await;
+        }
+    }
+}
+
+/// Test logs go through the test harness's capture; `RUST_LOG=idemhost=debug` shows more.
+pub fn init_logs() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `probe` until it yields a value; panics after `timeout` naming what it waited for.
+pub async fn wait_until<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The admin endpoint's `/metrics` text (`admin` is `host:port`).
+pub async fn scrape(admin: &str) -> String {
+    idemhost::ops::admin::get(&format!("http://{admin}/metrics"), Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+/// The value of the sample `name{labels}` in an OpenMetrics exposition (labels in order).
+pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until the admin endpoint at `admin` (`host:port`) answers `/readyz` with 200: every
+/// consumer bound, NATS and PostgreSQL reachable.
+pub async fn wait_ready(admin: &str, timeout: Duration) {
+    let readyz = format!("http://{admin}/readyz");
+    wait_until(timeout, "/readyz to answer 200", || async {
+        idemhost::ops::admin::probe(&readyz, Duration::from_secs(5))
+            .await
+            .ok()
+    })
+    .await;
+}
+
+/// Runs `command` to its end; panics with its output unless it succeeded.
+pub fn run_ok(command: &mut std::process::Command) -> std::process::Output {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The repository's root (the scripts' working directory).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Path of a built guest plugin (`scripts/build-plugins.sh` builds them).
+pub fn plugin_path(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("plugins/dist")
+        .join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/build-plugins.sh first",
+        p.display()
+    );
+    p
+}
+
+/// The tests' plugin runtime, with a compile cache every test binary shares (under the target
+/// directory), so a component is compiled once per build, not once per test process.
+pub fn runtime() -> &'static PluginRuntime {
+    static RT: std::sync::OnceLock<PluginRuntime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        let mut rt = PluginRuntime::new().unwrap();
+        rt.set_compile_cache(Some(&test_compile_cache())).unwrap();
+        rt
+    })
+}
+
+pub fn test_compile_cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile-cache")
+}
+
+pub fn load_plugin(name: &str, timeout: Duration) -> Arc<WasmHandler> {
+    let limits = PluginLimits {
+        timeout,
+        memory: 64 << 20,
+    };
+    Arc::new(runtime().load(&plugin_path(name), limits).unwrap())
+}
+
+/// Orders `evt-<i>` of one unit of sku-1, under their ids.
+pub fn good_orders(
+    range: std::ops::Range<usize>,
+) -> impl Iterator<Item = (async_nats::HeaderMap, String)> {
+    range.map(|i| {
+        let id = format!("evt-{i}");
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", id.as_str());
+        (h, order_payload(&id, "sku-1", 1))
+    })
+}
+
+pub fn order_payload(id: &str, sku: &str, quantity: i64) -> String {
+    format!(r#"{{"id":"{id}","orderId":"order-{id}","sku":"{sku}","quantity":{quantity}}}"#)
+}
+
+pub fn message(id: &str, payload: &str) -> Message {
+    Message {
+        id: id.to_string(),
+        subject: "orders.placed".into(),
+        event_type: Some("OrderPlaced".into()),
+        headers: vec![("Nats-Msg-Id".into(), id.into())],
+        payload: payload.as_bytes().to_vec().into(),
+        delivery_attempt: 1,
+    }
+}
+
+/// `idemhost run --config CONFIG` as a child process, its stderr in `log`, with the named
+/// failpoint selected (the binary must be built with `failpoints` for it to fire).
+pub fn spawn_host(
+    config: &std::path::Path,
+    failpoint: Option<&str>,
+    log: &std::path::Path,
+) -> std::process::Child {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemhost"));
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    cmd.env("RUST_LOG", "info").env_remove("IDEMHOST_FAILPOINT");
+    if let Some(fp) = failpoint {
+        cmd.env("IDEMHOST_FAILPOINT", fp);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Waits for a child process to exit.
+pub async fn wait_exit(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::process::ExitStatus {
+    wait_until(timeout, "the host process to exit", || {
+        let status = child.try_wait().unwrap();
+        async move { status }
+    })
+    .await
+}
+
+/// A host running in this process until `stop`.
+pub struct RunningHost {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningHost {
+    pub fn start(host: Host) -> RunningHost {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let run = host.run(idemhost::RunOptions::default(), async move {
+            let _ = rx.await;
+        });
+        let task = tokio::spawn(async move {
+            let result = run.await;
+            if let Err(e) = &result {
+                // Shown at once, not only when the test stops the host.
+                eprintln!("host failed: {e:#}");
+            }
+            result
+        });
+        RunningHost {
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// A host configuration for one consumer of `nats`'s stream on `env`'s schema, with the given
+/// extra consumer keys.
+pub fn config(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &str) -> Config {
+    parse_config(&config_text(env, nats, name, plugin, extra))
+}
+
+/// The TOML of [`config`]; top-level tables (`[admin]`, `[plugins]`) may be appended.
+pub fn config_text(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extra: &str) -> String {
+    // The plugin's role is granted the schema's tables (those made before the host starts)
+    // unless the test says otherwise.
+    let tables = if extra.contains("tables =") {
+        String::new()
+    } else {
+        "tables = [\"*\"]\n".to_string()
+    };
+    let publish = if extra.contains("publish_subjects =") {
+        String::new()
+    } else {
+        "publish_subjects = [\">\"]\n".to_string()
+    };
+    let extra = format!("{tables}{publish}{extra}");
+    format!(
+        "[nats]\nurl = \"{NATS_URL}\"\n{}\n[host]\nshutdown_timeout = \"10s\"\n\n[[consumer]]\nname = \"{name}\"\nstream = \"{}\"\nsubjects = [\"{}\"]\nplugin = \"{}\"\ndead_letter_subject = \"{}\"\n{extra}\n",
+        env.postgres_toml(),
+        nats.stream,
+        nats.subject(),
+        plugin_path(plugin).display(),
+        nats.dlq(),
+    )
+}
+
+pub fn parse_config(text: &str) -> Config {
+    Config::from_toml(text, std::iter::empty(), "test.toml".as_ref(), ".".as_ref()).unwrap()
+}
