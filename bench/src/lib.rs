@@ -7,6 +7,10 @@
 //! Then a paced run at half the peak rate measures end-to-end latency (publish → ack observed
 //! on the wire), and a run with 8 consumers configured measures memory.
 //!
+//! "The seed" is the idempotent-consumer pattern idemhost implements
+//! (`../shared/reference/idempotent-consumer-pattern.txt`): its claim transaction, its two
+//! tables and its Node.js consumer (`../shared/peers/`) are the peers measured here.
+//!
 //! Everything runs in its own database (`idemhost_bench` by default, created if missing): its
 //! `processed_message` and `inventory` tables are reset before every run.
 

@@ -24,7 +24,7 @@ use tracing::{debug, info};
 
 use crate::config::AdminConfig;
 use crate::metrics::Metrics;
-use crate::registry::{DeployError, Registry};
+use crate::registry::{DeployError, Plugins};
 
 pub mod http;
 
@@ -38,7 +38,7 @@ pub struct Readiness {
     bound: Arc<AtomicBool>,
     deps: Arc<OnceLock<(async_nats::Client, sqlx::PgPool)>>,
     /// The plugins `/plugins` lists and deploys swap, once loaded.
-    registry: Arc<OnceLock<Arc<Registry>>>,
+    registry: Arc<OnceLock<Arc<Plugins>>>,
     /// What `/metrics` exposes.
     metrics: Arc<OnceLock<Arc<Metrics>>>,
 }
@@ -58,7 +58,7 @@ impl Readiness {
     }
 
     /// The plugin registry `/plugins` serves.
-    pub fn set_registry(&self, registry: Arc<Registry>) {
+    pub fn set_registry(&self, registry: Arc<Plugins>) {
         let _ = self.registry.set(registry);
     }
 
@@ -315,7 +315,7 @@ fn authorized(
     app: &AppState,
     headers: &HeaderMap,
     target: Target,
-) -> Result<(Arc<Registry>, String), Refusal> {
+) -> Result<(Arc<Plugins>, String), Refusal> {
     authorize(headers, &app.settings)?;
     let Some(registry) = app.readiness.registry.get() else {
         return Err((StatusCode::SERVICE_UNAVAILABLE, "plugins not loaded yet"));

@@ -16,7 +16,7 @@ use crate::failpoint;
 use crate::handler::{Handler, HandlerError, Message};
 use crate::outbox::Origin;
 use crate::pg::{self, Connections, FailureKind, Tx, Wall};
-use crate::txn::{Deadline, TxHandle};
+use crate::tx_handle::{Deadline, TxHandle};
 
 pub use crate::outcome::{Outcome, Processed, Rollback};
 
@@ -40,9 +40,13 @@ struct Timing {
 /// Per-consumer settings of the transaction.
 #[derive(Debug, Clone)]
 pub struct ClaimSettings {
+    /// The marker's `consumer_name`.
     pub consumer_name: String,
+    /// The transaction's isolation level.
     pub isolation: Isolation,
+    /// `statement_timeout` of every statement in the transaction.
     pub statement_timeout: Duration,
+    /// Transactions tried, at most, after serialization failures and deadlocks.
     pub tx_max_attempts: u32,
     /// Wall-clock budget of one handler call (`handler_timeout`): a plugin statement still
     /// running past it is stopped on the server and the attempt fails. `None`: unbounded
@@ -52,18 +56,20 @@ pub struct ClaimSettings {
     pub publish_subjects: Arc<[String]>,
     /// First retry delay ceiling; doubles each retry up to `retry_cap` (full jitter).
     pub retry_base: Duration,
+    /// The ceiling the retry delay doubles up to.
     pub retry_cap: Duration,
     /// Connections kept between deliveries rather than given back to the pool (see
-    /// [`Connections`]). The host gives each consumer its `max_in_flight`, or its share of the
+    /// `Connections`). The host gives each consumer its `max_in_flight`, or its share of the
     /// pool when the consumers' sum does not fit; [`ClaimSettings::new`] keeps none. Kept
     /// connections count against the pool's `max_connections` while idle.
     pub keep_connections: usize,
     /// The longest a group-commit transaction waits for a lock (`batch_lock_timeout`; `None`:
-    /// as long as the server lets it). See [`Wall::begin_group_sql`].
+    /// as long as the server lets it). See `Wall::begin_group_sql`.
     pub group_lock_timeout: Option<Duration>,
 }
 
 impl ClaimSettings {
+    /// The settings a consumer's configuration gives (no kept connections).
     pub fn for_consumer(c: &ConsumerConfig) -> Self {
         ClaimSettings {
             consumer_name: c.name.clone(),
@@ -115,7 +121,7 @@ pub struct Claimer {
 /// How a rehearsal ends and where it records.
 #[derive(Clone)]
 pub(crate) struct Rehearsal {
-    pub(crate) trace: Arc<crate::txn::Trace>,
+    pub(crate) trace: Arc<crate::tx_handle::Trace>,
     /// Commit as a delivery would (`plugin test --commit`); else roll back.
     pub(crate) commit: bool,
 }
@@ -154,7 +160,7 @@ impl AttemptFailure {
 /// it saw.
 fn judge(
     result: Result<(), HandlerError>,
-    poison: Option<crate::txn::Poison>,
+    poison: Option<crate::tx_handle::Poison>,
 ) -> Option<AttemptFailure> {
     // A serialization failure inside the handler retries the whole transaction whatever
     // the handler answered; otherwise the handler's own error wins; an `Ok` after a
@@ -248,6 +254,7 @@ impl Claimer {
             })
     }
 
+    /// The settings this claimer runs with.
     pub fn settings(&self) -> &ClaimSettings {
         &self.settings
     }

@@ -45,6 +45,7 @@ pub struct Config {
     pub consumers: Vec<ConsumerConfig>,
 }
 
+/// `[nats]`: the broker connection.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {
@@ -54,10 +55,10 @@ pub struct NatsConfig {
     pub url: String,
     /// How long the first connection may take before start-up fails.
     #[serde(default = "d_5s")]
-    pub connect_timeout: Dur,
+    pub connect_timeout: HumanDuration,
     /// How long a JetStream API request (publish, ack confirmation, consumer info) may take.
     #[serde(default = "d_5s")]
-    pub request_timeout: Dur,
+    pub request_timeout: HumanDuration,
 }
 
 impl Default for NatsConfig {
@@ -70,6 +71,7 @@ impl Default for NatsConfig {
     }
 }
 
+/// `[postgres]`: the database and the host's pool.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresConfig {
@@ -88,7 +90,7 @@ pub struct PostgresConfig {
     pub schema: Option<String>,
     /// How long a delivery waits for a free connection before it fails as retryable.
     #[serde(default = "d_10s")]
-    pub acquire_timeout: Dur,
+    pub acquire_timeout: HumanDuration,
     /// `application_name` of the host's sessions, as `pg_stat_activity` shows it.
     #[serde(default = "default_application_name")]
     pub application_name: String,
@@ -96,9 +98,10 @@ pub struct PostgresConfig {
     /// one in use whether it still offers the session asked for, and looks for the one that
     /// does when not (see `pg::failover`).
     #[serde(default = "d_1s")]
-    pub failover_check_interval: Dur,
+    pub failover_check_interval: HumanDuration,
 }
 
+/// `[admin]`: the health, metrics and plugin endpoint.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
@@ -112,14 +115,14 @@ pub struct AdminConfig {
     pub token: Option<String>,
     /// Largest component a deploy request may upload.
     #[serde(default = "default_max_upload")]
-    pub max_upload: Size,
+    pub max_upload: ByteSize,
     /// Connections served at once; more wait in the listen backlog.
     #[serde(default = "default_admin_connections")]
     pub max_connections: u32,
     /// The whole exchange on one connection (one request: head, body and answer) must end
     /// within this; the request head within the smaller of this and 10 s.
     #[serde(default = "default_admin_request_timeout")]
-    pub request_timeout: Dur,
+    pub request_timeout: HumanDuration,
 }
 
 impl Default for AdminConfig {
@@ -142,8 +145,9 @@ pub struct PluginsConfig {
     /// `watch_interval`; replace the file by an atomic rename).
     #[serde(default = "default_true")]
     pub watch: bool,
+    /// How often the `plugin` files are checked for a replacement.
     #[serde(default = "d_1s")]
-    pub watch_interval: Dur,
+    pub watch_interval: HumanDuration,
     /// `"nats"`: follow the version pointers in a NATS KV bucket (`plugin deploy --store
     /// nats`), so every replica swaps to the same digest; a pointer present at start-up wins
     /// over the `plugin` file.
@@ -163,7 +167,7 @@ pub struct PluginsConfig {
     /// JavaScript) fault fewer pages per delivery; it is also what a plugin that grew its
     /// memory leaves resident per pool slot, so it bounds the host's memory after a memory bomb.
     #[serde(default = "default_keep_resident")]
-    pub keep_resident: Size,
+    pub keep_resident: ByteSize,
 }
 
 impl Default for PluginsConfig {
@@ -188,12 +192,12 @@ pub struct MetricsConfig {
     /// message) is read: one consumer-info request and one message-header lookup per consumer.
     /// `"0s"` disables it.
     #[serde(default = "d_15s")]
-    pub consumer_interval: Dur,
+    pub consumer_interval: HumanDuration,
     /// How often marker table growth is sampled (rows and oldest marker per consumer, table
     /// bytes). The row count is an index-only scan of the consumer's markers — its cost grows
     /// with the table (see docs/operations.md, Metrics); `"0s"` disables it.
     #[serde(default = "d_60s")]
-    pub marker_interval: Dur,
+    pub marker_interval: HumanDuration,
 }
 
 impl Default for MetricsConfig {
@@ -215,17 +219,17 @@ pub struct OutboxConfig {
     pub relay: bool,
     /// Polling interval besides the `LISTEN/NOTIFY` wake-up.
     #[serde(default = "d_1s")]
-    pub poll_interval: Dur,
+    pub poll_interval: HumanDuration,
     /// Rows published per relay transaction.
     #[serde(default = "default_outbox_batch")]
     pub batch: u32,
     /// Delay before a row that failed to publish is tried again after its first failure;
     /// doubled at each further failure, up to `retry_cap`. Rows behind it flow meanwhile.
     #[serde(default = "d_1s")]
-    pub retry_base: Dur,
+    pub retry_base: HumanDuration,
     /// The longest delay between two attempts of one row.
     #[serde(default = "d_5m")]
-    pub retry_cap: Dur,
+    pub retry_cap: HumanDuration,
     /// Failed attempts after which a row is set aside: the relay leaves it until
     /// `idemhost outbox retry` (it is listed by `idemhost outbox list`, counted by
     /// `idemhost_outbox_set_aside`).
@@ -265,13 +269,14 @@ impl std::str::FromStr for PluginStoreKind {
     }
 }
 
+/// `[host]`: the process: shutdown, logs, the compile cache.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
     /// After SIGTERM/SIGINT, how long in-flight deliveries may take to finish; what is still
     /// running then is rolled back and left unacknowledged (the broker redelivers it).
     #[serde(default = "d_30s")]
-    pub shutdown_timeout: Dur,
+    pub shutdown_timeout: HumanDuration,
     /// `text` or `json` log lines (also `--log-format`, `IDEMHOST_LOG_FORMAT`).
     #[serde(default)]
     pub log_format: Option<LogFormat>,
@@ -351,13 +356,17 @@ impl Default for HostConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Isolation {
+    /// `read-committed` (the default): a competing claim waits for the winner, then sees its marker.
     #[default]
     ReadCommitted,
+    /// `repeatable-read`: a concurrent update is a serialization failure, retried whole.
     RepeatableRead,
+    /// `serializable`: as repeatable read, and every anomaly is a serialization failure.
     Serializable,
 }
 
 impl Isolation {
+    /// The level as `BEGIN ISOLATION LEVEL` spells it.
     pub fn sql(self) -> &'static str {
         match self {
             Isolation::ReadCommitted => "READ COMMITTED",
@@ -370,17 +379,38 @@ impl Isolation {
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file could not be read.
     #[error("failed to read config file {path}: {source}")]
     Read {
+        /// The configuration file.
         path: PathBuf,
+        /// Why it could not be read.
         source: std::io::Error,
     },
+    /// The file is not valid TOML for the configuration.
     #[error("invalid config {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// The configuration file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// An `IDEMHOST_*` environment override is invalid.
     #[error("invalid environment override {var}: {message}")]
-    Env { var: String, message: String },
+    Env {
+        /// The variable.
+        var: String,
+        /// What is wrong with its value.
+        message: String,
+    },
+    /// A key's value is refused by validation.
     #[error("invalid config: `{key}` {problem}")]
-    Invalid { key: String, problem: String },
+    Invalid {
+        /// The key, as written in the file.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
 }
 
 impl Config {
@@ -508,25 +538,27 @@ fn set_path(
 
 /// A duration written as a human string (`"250ms"`, `"5s"`, `"2m"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
+pub struct HumanDuration(pub Duration);
 
-impl<'de> Deserialize<'de> for Dur {
+impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_duration(&s)
-            .map(Dur)
+            .map(HumanDuration)
             .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e}")))
     }
 }
 
 /// A size written as a human string (`"64MiB"`, `"512KiB"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Size(pub u64);
+pub struct ByteSize(pub u64);
 
-impl<'de> Deserialize<'de> for Size {
+impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        parse_size(&s).map(Size).map_err(serde::de::Error::custom)
+        parse_size(&s)
+            .map(ByteSize)
+            .map_err(serde::de::Error::custom)
     }
 }
 

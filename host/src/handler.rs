@@ -6,7 +6,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 
-use crate::txn::TxHandle;
+use crate::tx_handle::TxHandle;
 
 /// One delivery of one message, as a handler sees it.
 #[derive(Debug, Clone)]
@@ -19,6 +19,7 @@ pub struct Message {
     pub event_type: Option<String>,
     /// All headers, sorted by name; a header with several values appears once per value.
     pub headers: Vec<(String, String)>,
+    /// The message body, as the producer sent it.
     pub payload: Bytes,
     /// Delivery attempt counted by the broker, 1 for the first.
     pub delivery_attempt: u32,
@@ -50,6 +51,7 @@ pub type HandleFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError>
 ///
 /// Implemented by the WASM plugin runtime and by native Rust handlers that embed the library.
 pub trait Handler: Send + Sync + 'static {
+    /// Handles one delivery of `msg` in the transaction `tx`: `Ok` commits, an error rolls back.
     fn handle<'a>(&'a self, tx: &'a TxHandle, msg: &'a Message) -> HandleFuture<'a>;
 
     /// A short description for logs (`wasm sha256:…` or a native handler's name).
@@ -72,7 +74,7 @@ pub trait Handler: Send + Sync + 'static {
 #[derive(Default)]
 pub struct PluginTimings {
     /// Creating the store and instantiating the component.
-    pub instantiate: crate::histogram::Histogram,
+    pub instantiate: crate::histogram::LatencyHistogram,
     /// The `handle` call itself, including the SQL it runs.
-    pub handle: crate::histogram::Histogram,
+    pub handle: crate::histogram::LatencyHistogram,
 }

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 const BUCKETS: usize = 4 * 26 + 1;
 
-pub struct Histogram {
+pub struct LatencyHistogram {
     counts: [AtomicU64; BUCKETS],
     sum_ns: AtomicU64,
 }
 
-impl Default for Histogram {
+impl Default for LatencyHistogram {
     fn default() -> Self {
-        Histogram {
+        LatencyHistogram {
             counts: std::array::from_fn(|_| AtomicU64::new(0)),
             sum_ns: AtomicU64::new(0),
         }
@@ -26,7 +26,7 @@ fn upper_us(i: usize) -> f64 {
     2f64.powf(i as f64 / 4.0)
 }
 
-impl Histogram {
+impl LatencyHistogram {
     pub fn record(&self, d: Duration) {
         let us = d.as_secs_f64() * 1e6;
         let i = if us <= 1.0 {
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn quantiles_fall_within_a_quarter_octave() {
-        let h = Histogram::default();
+        let h = LatencyHistogram::default();
         for us in 1..=1000u64 {
             h.record(Duration::from_micros(us));
         }
@@ -113,12 +113,12 @@ mod tests {
         assert!((500.0..=500.0 * 1.19).contains(&p50), "p50 {p50}");
         let p99 = h.quantile(0.99).unwrap().as_secs_f64() * 1e6;
         assert!((990.0..=990.0 * 1.19).contains(&p99), "p99 {p99}");
-        assert!(Histogram::default().quantile(0.5).is_none());
+        assert!(LatencyHistogram::default().quantile(0.5).is_none());
     }
 
     #[test]
     fn octaves_count_each_bucket_once() {
-        let h = Histogram::default();
+        let h = LatencyHistogram::default();
         h.record(Duration::from_micros(10));
         h.record(Duration::from_micros(100));
         h.record(Duration::from_millis(3));

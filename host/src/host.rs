@@ -20,7 +20,7 @@ use crate::handler::Handler;
 use crate::metrics::Metrics;
 use crate::pg;
 use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing};
-use crate::registry::{self, Registry, store::NatsStore};
+use crate::registry::{self, Plugins, store::NatsStore};
 use crate::source;
 
 /// Connects to NATS with the configured timeouts; the JetStream context's requests are bounded
@@ -73,6 +73,7 @@ pub struct Host {
 }
 
 impl Host {
+    /// A host for a validated `config`; every consumer runs its configured plugin.
     pub fn new(config: Config) -> Self {
         Host {
             config,
@@ -236,8 +237,8 @@ async fn load(
     native: &HashMap<String, Arc<dyn Handler>>,
     runtime: Option<Arc<PluginRuntime>>,
     store: Option<&NatsStore>,
-) -> anyhow::Result<(Registry, Vec<(String, PathBuf)>)> {
-    let mut registry = Registry::new(runtime.clone(), config.plugins.history as usize);
+) -> anyhow::Result<(Plugins, Vec<(String, PathBuf)>)> {
+    let mut registry = Plugins::new(runtime.clone(), config.plugins.history as usize);
     let mut watched = Vec::new();
     for c in &config.consumers {
         let limits = PluginLimits {
@@ -310,7 +311,7 @@ async fn bind(
     native: &HashMap<String, Arc<dyn Handler>>,
     pool: &PgPool,
     failover: &Arc<pg::Failover>,
-    registry: &Registry,
+    registry: &Plugins,
     js: &async_nats::jetstream::Context,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Vec<Arc<source::ConsumerRuntime>>> {

@@ -21,7 +21,7 @@
 //! - `pg`: the pool, migrations, the plugin role's wall, the one classification of database
 //!   errors. `sql_gate`: what handler SQL may do. `outbox`: events published through the
 //!   transaction, and their relay.
-//! - `txn`: the transaction handle lent to a handler for one call. `handler`: the [`Handler`]
+//! - `tx_handle`: the transaction handle lent to a handler for one call. `handler`: the [`Handler`]
 //!   trait. `plugin`: WASM components — loading, validation, the compile cache, sandboxed
 //!   per-delivery instances.
 //! - `claim`: the delivery's transaction — claim, handler, commit — and its [`Outcome`].
@@ -56,7 +56,7 @@ mod source;
 mod sql_gate;
 mod subjects;
 pub mod telemetry;
-mod txn;
+mod tx_handle;
 
 pub use claim::{CLAIM_SQL, ClaimSettings, Claimer};
 pub use config::{Config, ConsumerConfig, Isolation};
@@ -66,12 +66,13 @@ pub use outcome::{Outcome, Processed, Rollback};
 pub use pg::migrate;
 pub use plugin::{LoadInfo, PluginError, PluginLimits, PluginRuntime, PoolSizing, WasmHandler};
 pub use sql_gate::SqlValue;
-pub use txn::{TxError, TxHandle};
+pub use tx_handle::{TxError, TxHandle};
 
 /// Internals the system tests in `tests/` drive directly. Not API: hidden from the docs, and
 /// only built with the `test-support` feature.
 #[cfg(feature = "test-support")]
 #[doc(hidden)]
+#[allow(missing_docs)]
 pub mod test_support {
     pub use crate::admin::{http, probe};
     pub use crate::metrics::Metrics;

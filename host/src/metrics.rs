@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::outcome::{Processed, Rollback};
-use crate::registry::Registry as Plugins;
+use crate::registry::Plugins;
 
 pub mod sample;
 
@@ -112,6 +112,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered under the `idemhost_` prefix.
     pub fn new() -> Self {
         let seconds = || Seconds::new_with_constructor(seconds_histogram as fn() -> Histogram);
         let m = Metrics {
@@ -364,6 +365,7 @@ impl Metrics {
             .observe(lag.as_secs_f64());
     }
 
+    /// Counts a failed publish of one of `consumer`'s outbox events.
     pub fn outbox_failed(&self, consumer: &str) {
         self.outbox_errors
             .get_or_create(&ConsumerLabels {
@@ -377,10 +379,12 @@ impl Metrics {
         self.outbox_passes.inc();
     }
 
+    /// Outbox rows set aside after `outbox.max_attempts` (sampled).
     pub fn set_outbox_set_aside(&self, rows: i64) {
         self.outbox_set_aside.set(rows);
     }
 
+    /// Age of the oldest outbox row not yet published (sampled).
     pub fn set_outbox_oldest(&self, age: Duration) {
         self.outbox_oldest.set(age.as_secs_f64());
     }

@@ -1,11 +1,10 @@
 //! What an operator runs against a deployment, as a library the CLI calls: proving a message's
 //! marker and effect ([`check`]), marker table statistics and retention ([`markers`]), dead
 //! letters ([`dlq`]), outbox rows the relay could not publish ([`outbox`]), pausing a consumer
-//! on the server ([`pause`]), the broker queries they and the metrics samplers share
-//! ([`broker`]); the connections they need, the admin endpoint's client ([`admin`]) and the
-//! shared plugin store ([`NatsStore`]).
+//! on the server ([`pause`]); the connections they need, the admin endpoint's client
+//! ([`admin`]) and the shared plugin store ([`NatsStore`]).
 
-pub mod broker;
+pub(crate) mod broker;
 pub mod check;
 pub mod dlq;
 pub mod markers;
@@ -14,7 +13,7 @@ pub mod pause;
 
 use std::time::Duration;
 
-pub use crate::clock::age_of;
+pub(crate) use crate::clock::age_of;
 pub use crate::config::postgres_url::{redact_url, redact_urls};
 pub use crate::host::connect_nats;
 pub use crate::pg::{connect as connect_postgres, describe as describe_error};

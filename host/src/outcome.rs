@@ -33,6 +33,7 @@ impl Outcome {
         matches!(self, Outcome::Applied | Outcome::Duplicate)
     }
 
+    /// Why a failed delivery failed.
     pub fn reason(&self) -> Option<&str> {
         match self {
             Outcome::RetryableFailure(r) | Outcome::TerminalFailure(r) => Some(r),
@@ -57,6 +58,7 @@ pub enum Rollback {
 }
 
 impl Rollback {
+    /// The `reason` label of `idemhost_rollbacks_total`.
     pub fn label(self) -> &'static str {
         match self {
             Rollback::Conflict => "serialization_conflict",
@@ -71,6 +73,7 @@ impl Rollback {
 /// The outcome plus what it took.
 #[derive(Debug, Clone)]
 pub struct Processed {
+    /// How the delivery ended.
     pub outcome: Outcome,
     /// Transactions run (more than 1 after serialization failures or deadlocks).
     pub tx_attempts: u32,

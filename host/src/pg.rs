@@ -85,7 +85,7 @@ pub fn connect_options(
 
 /// Opens the pool and checks one connection, so an unreachable server is reported at start-up
 /// with its (redacted) URL rather than at the first message. Of several servers, the first that
-/// offers the session `target_session_attrs` asks for ([`failover`]).
+/// offers the session `target_session_attrs` asks for (`failover`).
 pub async fn connect(config: &PostgresConfig, max_connections: u32) -> anyhow::Result<PgPool> {
     Ok(connect_following(config, max_connections).await?.0)
 }
@@ -121,7 +121,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
 /// Applies the host's migrations (idempotent), creating the configured schema first when it
 /// does not exist yet. Concurrent hosts serialize on a lock on the migrations table
 /// (`_sqlx_migrations`, one per schema), which no plugin role may touch (see
-/// [`crate::sql_gate::HOST_RELATIONS`]); `SHARE UPDATE EXCLUSIVE` conflicts with itself and not
+/// `crate::sql_gate::HOST_RELATIONS`); `SHARE UPDATE EXCLUSIVE` conflicts with itself and not
 /// with the rows the migrator writes there from its own connection.
 pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
     let missing = match schema {

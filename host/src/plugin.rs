@@ -23,7 +23,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub use crate::handler::PluginTimings;
 use crate::handler::{HandleFuture, Handler, HandlerError, Message};
-use crate::txn::TxHandle;
+use crate::tx_handle::TxHandle;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -31,7 +31,7 @@ mod bindings {
         world: "handler",
         imports: { default: async | trappable },
         exports: { default: async },
-        with: { "idemhost:consumer/database.transaction": crate::txn::TxHandle },
+        with: { "idemhost:consumer/database.transaction": crate::tx_handle::TxHandle },
     });
 }
 
@@ -72,17 +72,38 @@ pub struct PluginLimits {
 /// A component refused at load.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
+    /// The file could not be read.
     #[error("failed to read plugin {path}: {source}")]
     Read {
+        /// The component's file (or store origin).
         path: PathBuf,
+        /// Why it could not be read.
         source: std::io::Error,
     },
+    /// Not a valid component, or it could not be compiled.
     #[error("plugin {path} is not a valid WebAssembly component: {reason}")]
-    Compile { path: PathBuf, reason: String },
+    Compile {
+        /// The component's file (or store origin).
+        path: PathBuf,
+        /// The compiler's or parser's error.
+        reason: String,
+    },
+    /// It imports or exports what the handler world does not offer.
     #[error("plugin {path} does not fit the idemhost:consumer/handler world: {reason}")]
-    World { path: PathBuf, reason: String },
+    World {
+        /// The component's file (or store origin).
+        path: PathBuf,
+        /// What does not fit.
+        reason: String,
+    },
+    /// It fails to instantiate, or it is over a pool limit.
     #[error("plugin {path} cannot be instantiated: {reason}")]
-    Instantiate { path: PathBuf, reason: String },
+    Instantiate {
+        /// The component's file (or store origin).
+        path: PathBuf,
+        /// The error, or the limit.
+        reason: String,
+    },
 }
 
 /// The engine and linker shared by every plugin of the process.
@@ -122,6 +143,7 @@ impl PluginRuntime {
         Self::with_pool(PoolSizing::default())
     }
 
+    /// A runtime whose instance pool is sized by `pool`.
     pub fn with_pool(pool: PoolSizing) -> anyhow::Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true);
@@ -366,7 +388,7 @@ struct LogSink {
     lines: u32,
     dropped: u32,
     /// A rehearsal's trace, which keeps the lines as well.
-    trace: Option<Arc<crate::txn::Trace>>,
+    trace: Option<Arc<crate::tx_handle::Trace>>,
 }
 
 /// What loading a plugin found and cost.
@@ -379,7 +401,7 @@ pub struct LoadInfo {
     pub compile_time: Duration,
     /// Whether the compiled code came from the compile cache.
     pub from_cache: bool,
-    /// The WASI interfaces the component imports (all harmless; see [`world::GRANTED`]).
+    /// The WASI interfaces the component imports (all harmless; see `world::GRANTED`).
     pub wasi_imports: Vec<String>,
 }
 
@@ -404,10 +426,12 @@ impl WasmHandler {
         self.info.size
     }
 
+    /// What loading it found and took.
     pub fn load_info(&self) -> &LoadInfo {
         &self.info
     }
 
+    /// Its instantiate and handle times.
     pub fn timings(&self) -> &PluginTimings {
         &self.timings
     }

@@ -5,7 +5,7 @@
 //! new, none waits and none is dropped.
 //!
 //! Every swap — the admin API, a replaced plugin file ([`watch`]), the shared NATS store
-//! ([`store`]), a rollback — goes through [`Registry::deploy`]: the component is compiled,
+//! ([`store`]), a rollback — goes through [`Plugins::deploy`]: the component is compiled,
 //! checked against the world and instantiated once (on a blocking thread, while deliveries go
 //! on) *before* it becomes current; a refused component leaves the old one serving.
 
@@ -97,7 +97,7 @@ struct Refusal {
 
 impl Slot {
     /// The version a delivery starting now runs on, start to finish.
-    pub fn begin(&self) -> Active {
+    pub fn start_delivery(&self) -> Active {
         let active = read(&self.current).clone();
         active.version.first_delivery.get_or_init(SystemTime::now);
         active.version.deliveries.fetch_add(1, Ordering::Relaxed);
@@ -169,15 +169,15 @@ pub struct Deployed {
 }
 
 /// Every consumer's slot, and the runtime that loads new versions.
-pub struct Registry {
+pub struct Plugins {
     runtime: Option<Arc<PluginRuntime>>,
     slots: BTreeMap<String, Arc<Slot>>,
     history: usize,
 }
 
-impl Registry {
+impl Plugins {
     pub fn new(runtime: Option<Arc<PluginRuntime>>, history: usize) -> Self {
-        Registry {
+        Plugins {
             runtime,
             slots: BTreeMap::new(),
             history: history.max(1),

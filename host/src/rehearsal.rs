@@ -10,10 +10,10 @@ use crate::config::{Config, ConsumerConfig};
 use crate::handler::Message;
 use crate::headers::{EVENT_TYPE_HEADER, header, message_id};
 use crate::plugin::WasmHandler;
-use crate::txn::Trace;
+use crate::tx_handle::Trace;
 use crate::{pg, source};
 
-pub use crate::txn::{Published, Statement, StatementResult, Traced};
+pub use crate::tx_handle::{Published, Statement, StatementResult, Traced};
 
 /// Why a message is refused before any transaction (a delivery of it would be dead-lettered
 /// at once): an invalid id, a payload over `max_payload`.

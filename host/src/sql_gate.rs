@@ -11,11 +11,17 @@ use sqlx::{Arguments, Column, Decode, Encode, Row, Type, TypeInfo, ValueRef};
 /// A SQL parameter or result value, as the WIT `sql-value` variant carries it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SqlValue {
+    /// SQL `NULL`.
     Null,
+    /// `boolean`.
     Boolean(bool),
+    /// An integer (`int2`, `int4`, `int8`).
     Int(i64),
+    /// A float (`float4`, `float8`; `numeric` as text).
     Float(f64),
+    /// Text.
     Text(String),
+    /// `bytea`.
     Bytes(Vec<u8>),
     /// JSON text; binds as `jsonb`.
     Json(String),

@@ -72,7 +72,7 @@ fn claimer(env: &TestEnv, consumer: &str, isolation: Isolation, group_commit: bo
     }
 }
 
-/// 1. One event delivered twice, one after the other: one marker, one decrement.
+/// Case 1: One event delivered twice, one after the other: one marker, one decrement.
 pub(crate) async fn duplicate_delivery_is_acked_without_second_effect(group_commit: bool) {
     let env = TestEnv::new("seed1").await;
     env.seed_inventory(&[("sku-1", 10)]).await;
@@ -95,7 +95,7 @@ pub(crate) async fn duplicate_delivery_is_acked_without_second_effect(group_comm
     env.cleanup().await;
 }
 
-/// 2. Two transactions for the same (consumer, id) on separate connections, released
+/// Case 2: Two transactions for the same (consumer, id) on separate connections, released
 /// together: exactly one applies, every time.
 pub(crate) async fn simultaneous_deliveries_apply_exactly_once(group_commit: bool) {
     let env = TestEnv::new("seed2").await;
@@ -130,7 +130,7 @@ pub(crate) async fn simultaneous_deliveries_apply_exactly_once(group_commit: boo
     env.cleanup().await;
 }
 
-/// 3. The business update fails after the claim: rollback leaves neither marker nor effect,
+/// Case 3: The business update fails after the claim: rollback leaves neither marker nor effect,
 /// and the outcome is a failure (never acked as done).
 pub(crate) async fn failed_business_update_rolls_back_marker_and_effect(group_commit: bool) {
     let env = TestEnv::new("seed3").await;
@@ -174,7 +174,7 @@ pub(crate) async fn failed_business_update_rolls_back_marker_and_effect(group_co
     env.cleanup().await;
 }
 
-/// 4. READ COMMITTED: the first delivery is paused after claiming (its inventory row is
+/// Case 4: READ COMMITTED: the first delivery is paused after claiming (its inventory row is
 /// locked), then commits; the second waited on the marker and reports a duplicate.
 pub(crate) async fn waiting_claim_is_duplicate_when_winner_commits(group_commit: bool) {
     let env = TestEnv::new("seed4").await;
@@ -203,7 +203,7 @@ pub(crate) async fn waiting_claim_is_duplicate_when_winner_commits(group_commit:
     env.cleanup().await;
 }
 
-/// 5. READ COMMITTED: as 4, but the first delivery rolls back (its statement is cancelled);
+/// Case 5: READ COMMITTED: as 4, but the first delivery rolls back (its statement is cancelled);
 /// the waiting second delivery then owns the marker and applies once.
 pub(crate) async fn waiting_claim_applies_when_winner_rolls_back(group_commit: bool) {
     let env = TestEnv::new("seed5").await;
@@ -236,7 +236,7 @@ pub(crate) async fn waiting_claim_applies_when_winner_rolls_back(group_commit: b
     env.cleanup().await;
 }
 
-/// 6. One message id, two consumer names: each commits its own marker and effect.
+/// Case 6: One message id, two consumer names: each commits its own marker and effect.
 pub(crate) async fn two_consumer_names_each_apply_the_same_message(group_commit: bool) {
     let env = TestEnv::new("seed6").await;
     env.seed_inventory(&[("sku-1", 10)]).await;
@@ -283,7 +283,7 @@ async fn force_serialization_failures(env: &TestEnv, failures: i64) {
     .unwrap();
 }
 
-/// 8a. REPEATABLE READ and SERIALIZABLE: forced 40001 twice → the whole transaction (claim
+/// Case 8a: REPEATABLE READ and SERIALIZABLE: forced 40001 twice → the whole transaction (claim
 /// included, same id) runs three times and applies once.
 pub(crate) async fn serialization_failure_retries_whole_transaction_with_same_id(
     group_commit: bool,
@@ -313,7 +313,7 @@ pub(crate) async fn serialization_failure_retries_whole_transaction_with_same_id
     }
 }
 
-/// 8b. Past the attempt limit the delivery is a retryable failure (nak'ed, never acked) and
+/// Case 8b: Past the attempt limit the delivery is a retryable failure (nak'ed, never acked) and
 /// nothing committed.
 pub(crate) async fn serialization_failure_past_limit_is_retryable_and_commits_nothing(
     group_commit: bool,
@@ -343,7 +343,7 @@ pub(crate) async fn serialization_failure_past_limit_is_retryable_and_commits_no
     }
 }
 
-/// 8c. A real concurrent update at REPEATABLE READ: the row changes after the delivery's
+/// Case 8c: A real concurrent update at REPEATABLE READ: the row changes after the delivery's
 /// snapshot, PostgreSQL raises 40001, and the retried transaction applies once.
 pub(crate) async fn concurrent_update_under_repeatable_read_is_retried(group_commit: bool) {
     let env = TestEnv::new("seed8c").await;

@@ -6,9 +6,11 @@ use std::time::Duration;
 /// A response as the client sees it.
 #[derive(Debug)]
 pub struct Response {
+    /// The status code.
     pub status: u16,
     /// The status's reason phrase (`OK`, `Not Found`).
     pub reason: String,
+    /// The body, as text.
     pub body: String,
 }
 

@@ -7,8 +7,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::defaults::*;
-use super::{Dur, Isolation, Size};
+use super::{ByteSize, HumanDuration, Isolation};
 
+/// One `[[consumers]]` entry: a durable consumer, its handler and its transaction.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerConfig {
@@ -47,32 +48,32 @@ pub struct ConsumerConfig {
     /// How long a group waits for more deliveries after its first one before it starts (0: a
     /// group holds what is waiting when a transaction is free).
     #[serde(default = "default_batch_linger")]
-    pub batch_linger: Dur,
+    pub batch_linger: HumanDuration,
     /// The longest a group-commit transaction waits for a row or table lock; past it the group
     /// is sent back one delivery at a time (0: as long as the server lets it).
     #[serde(default = "default_batch_lock_timeout")]
-    pub batch_lock_timeout: Dur,
+    pub batch_lock_timeout: HumanDuration,
     /// Deliveries of one message before a retryable failure is dead-lettered.
     #[serde(default = "default_max_deliver")]
     pub max_deliver: u32,
     /// Redelivery delay after the n-th failed delivery (the last entry repeats).
     #[serde(default = "default_backoff")]
-    pub backoff: Vec<Dur>,
+    pub backoff: Vec<HumanDuration>,
     /// Wall-clock budget of one handler call; past it the plugin is interrupted and the
     /// delivery rolls back as retryable.
     #[serde(default = "d_5s")]
-    pub handler_timeout: Dur,
+    pub handler_timeout: HumanDuration,
     /// `SET LOCAL statement_timeout` of every statement in a delivery's transaction
     /// (default: `handler_timeout`).
     #[serde(default)]
-    pub statement_timeout: Option<Dur>,
+    pub statement_timeout: Option<HumanDuration>,
     /// Largest payload handled; a larger one is a terminal failure (dead-lettered with the
     /// reason), before any transaction or plugin call.
     #[serde(default = "default_max_payload")]
-    pub max_payload: Size,
+    pub max_payload: ByteSize,
     /// Memory (all linear memories and tables together) one plugin instance may use.
     #[serde(default = "default_memory_limit")]
-    pub memory_limit: Size,
+    pub memory_limit: ByteSize,
     /// Subject that receives terminal and out-of-attempts messages, with the original id,
     /// headers and payload plus `Idemhost-Failure-Reason`. Default `dlq.<name>`. Some stream
     /// must capture it (with `create_stream`, the host creates one).
@@ -89,7 +90,7 @@ pub struct ConsumerConfig {
     /// How long JetStream waits for an ack before redelivering; the host sends in-progress
     /// acks every third of it while a delivery runs.
     #[serde(default = "d_30s")]
-    pub ack_wait: Dur,
+    pub ack_wait: HumanDuration,
     /// Attempts of the whole transaction (claim included) on serialization failure or
     /// deadlock, before the delivery is nak'ed.
     #[serde(default = "default_tx_attempts")]
@@ -102,7 +103,7 @@ pub struct ConsumerConfig {
     /// dead letters, an archive or a disaster-recovery copy). `markers prune` refuses to delete
     /// markers younger than this: a replayed message whose marker is gone would apply twice.
     #[serde(default = "d_30d")]
-    pub replay_horizon: Dur,
+    pub replay_horizon: HumanDuration,
     /// SQL proving a message's business effect, for `idemhost check`: `$1` is the message id
     /// (or the `--effect-param` given); one or more rows means the effect exists.
     #[serde(default)]
@@ -208,6 +209,7 @@ impl ConsumerConfig {
         format!("{}-p{p}", self.durable_name())
     }
 
+    /// The JetStream durable: `durable`, else the name with every character other than `[A-Za-z0-9_-]` as `_`.
     pub fn durable_name(&self) -> String {
         self.durable.clone().unwrap_or_else(|| {
             self.name
@@ -223,12 +225,14 @@ impl ConsumerConfig {
         })
     }
 
+    /// Where refused and exhausted messages go: `dead_letter_subject`, else `dlq.<durable>`.
     pub fn dead_letter_subject(&self) -> String {
         self.dead_letter_subject
             .clone()
             .unwrap_or_else(|| format!("dlq.{}", self.durable_name()))
     }
 
+    /// `statement_timeout`, else `handler_timeout`.
     pub fn statement_timeout(&self) -> Duration {
         self.statement_timeout.unwrap_or(self.handler_timeout).0
     }

@@ -2,19 +2,19 @@
 
 use std::time::Duration;
 
-use super::{Dur, Size};
+use super::{ByteSize, HumanDuration};
 
 pub(super) fn default_admin_connections() -> u32 {
     256
 }
 
-pub(super) fn default_admin_request_timeout() -> Dur {
+pub(super) fn default_admin_request_timeout() -> HumanDuration {
     // A deploy uploads up to `max_upload` and compiles it within this; the CLI waits 120 s.
-    Dur(Duration::from_secs(120))
+    HumanDuration(Duration::from_secs(120))
 }
 
-pub(super) fn d_5m() -> Dur {
-    Dur(Duration::from_secs(300))
+pub(super) fn d_5m() -> HumanDuration {
+    HumanDuration(Duration::from_secs(300))
 }
 
 pub(super) fn default_outbox_max_attempts() -> u32 {
@@ -37,8 +37,8 @@ pub(super) fn default_max_connections() -> u32 {
     16
 }
 
-pub(super) fn default_batch_linger() -> Dur {
-    Dur(Duration::ZERO)
+pub(super) fn default_batch_linger() -> HumanDuration {
+    HumanDuration(Duration::ZERO)
 }
 
 /// How long a group-commit transaction waits for a lock by default (`batch_lock_timeout`).
@@ -46,8 +46,8 @@ pub(super) fn default_batch_linger() -> Dur {
 /// 1 s `deadlock_timeout` after which the server breaks a deadlock between groups.
 pub const DEFAULT_BATCH_LOCK_TIMEOUT: Duration = Duration::from_millis(50);
 
-pub(super) fn default_batch_lock_timeout() -> Dur {
-    Dur(DEFAULT_BATCH_LOCK_TIMEOUT)
+pub(super) fn default_batch_lock_timeout() -> HumanDuration {
+    HumanDuration(DEFAULT_BATCH_LOCK_TIMEOUT)
 }
 
 pub(super) fn default_max_in_flight() -> u32 {
@@ -58,20 +58,20 @@ pub(super) fn default_tx_attempts() -> u32 {
     5
 }
 
-pub(super) fn default_max_payload() -> Size {
-    Size(8 << 20)
+pub(super) fn default_max_payload() -> ByteSize {
+    ByteSize(8 << 20)
 }
 
 pub(super) fn default_id_header() -> String {
     "Nats-Msg-Id".into()
 }
 
-pub(super) fn default_keep_resident() -> Size {
-    Size(4 << 20)
+pub(super) fn default_keep_resident() -> ByteSize {
+    ByteSize(4 << 20)
 }
 
-pub(super) fn default_max_upload() -> Size {
-    Size(128 << 20)
+pub(super) fn default_max_upload() -> ByteSize {
+    ByteSize(128 << 20)
 }
 
 pub(super) fn default_version_bucket() -> String {
@@ -82,16 +82,16 @@ pub(super) fn default_plugin_history() -> u32 {
     16
 }
 
-pub(super) fn d_5s() -> Dur {
-    Dur(Duration::from_secs(5))
+pub(super) fn d_5s() -> HumanDuration {
+    HumanDuration(Duration::from_secs(5))
 }
 
-pub(super) fn d_15s() -> Dur {
-    Dur(Duration::from_secs(15))
+pub(super) fn d_15s() -> HumanDuration {
+    HumanDuration(Duration::from_secs(15))
 }
 
-pub(super) fn d_60s() -> Dur {
-    Dur(Duration::from_secs(60))
+pub(super) fn d_60s() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
 }
 
 pub(super) fn default_application_name() -> String {
@@ -106,14 +106,14 @@ pub(super) fn default_max_deliver() -> u32 {
     5
 }
 
-pub(super) fn default_backoff() -> Vec<Dur> {
+pub(super) fn default_backoff() -> Vec<HumanDuration> {
     [100, 1_000, 10_000]
-        .map(|ms| Dur(Duration::from_millis(ms)))
+        .map(|ms| HumanDuration(Duration::from_millis(ms)))
         .to_vec()
 }
 
-pub(super) fn default_memory_limit() -> Size {
-    Size(64 << 20)
+pub(super) fn default_memory_limit() -> ByteSize {
+    ByteSize(64 << 20)
 }
 
 pub(super) fn default_true() -> bool {
@@ -128,18 +128,18 @@ pub(super) fn default_outbox_batch() -> u32 {
     256
 }
 
-pub(super) fn d_1s() -> Dur {
-    Dur(Duration::from_secs(1))
+pub(super) fn d_1s() -> HumanDuration {
+    HumanDuration(Duration::from_secs(1))
 }
 
-pub(super) fn d_10s() -> Dur {
-    Dur(Duration::from_secs(10))
+pub(super) fn d_10s() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
 }
 
-pub(super) fn d_30s() -> Dur {
-    Dur(Duration::from_secs(30))
+pub(super) fn d_30s() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
 }
 
-pub(super) fn d_30d() -> Dur {
-    Dur(Duration::from_secs(30 * 86_400))
+pub(super) fn d_30d() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30 * 86_400))
 }

@@ -34,7 +34,7 @@ fn sample_parses_with_defaults() {
     let c = parse(SAMPLE, &[]).unwrap();
     let con = &c.consumers[0];
     assert_eq!(con.isolation, Isolation::Serializable);
-    assert_eq!(con.memory_limit, Size(32 << 20));
+    assert_eq!(con.memory_limit, ByteSize(32 << 20));
     assert_eq!(con.max_in_flight, 16);
     assert_eq!(con.backoff_for(1), Duration::from_millis(100));
     assert_eq!(con.backoff_for(9), Duration::from_secs(1));
@@ -87,7 +87,7 @@ fn env_overrides_reach_nested_and_listed_keys() {
     assert_eq!(c.consumers[0].max_in_flight, 4);
     assert_eq!(
         c.consumers[0].handler_timeout,
-        Dur(Duration::from_millis(250))
+        HumanDuration(Duration::from_millis(250))
     );
 }
 

@@ -12,6 +12,7 @@ use sqlx::{AssertSqlSafe, PgPool, Row as _};
 pub struct Marker {
     /// RFC 3339, UTC.
     pub processed_at: String,
+    /// Seconds since it was written.
     pub age_secs: f64,
     /// The plugin version that applied it (none for native handlers).
     pub plugin_digest: Option<String>,
@@ -20,7 +21,9 @@ pub struct Marker {
 /// What `effect_query` returned.
 #[derive(Debug, Clone, Serialize)]
 pub struct Effect {
+    /// The consumer's `effect_query`.
     pub query: String,
+    /// The value bound to its `$1` (the message id, or a payload field).
     pub param: String,
     /// Rows found (at most [`MAX_EFFECT_ROWS`] are kept).
     pub rows: usize,
@@ -44,6 +47,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The exit status `idemhost check` gives this verdict.
     pub fn exit_code(self) -> i32 {
         match self {
             Verdict::Applied => 0,
@@ -53,13 +57,18 @@ impl Verdict {
     }
 }
 
+/// What `check` found for one message.
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckReport {
+    /// The consumer asked about.
     pub consumer: String,
+    /// The message id asked about.
     pub message_id: String,
+    /// Its marker, if there is one.
     pub marker: Option<Marker>,
     /// `None` when the consumer declares no `effect_query`.
     pub effect: Option<Effect>,
+    /// What marker and effect together say.
     pub verdict: Verdict,
 }
 

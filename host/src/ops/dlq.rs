@@ -26,15 +26,22 @@ const MAX_SCAN: usize = 100_000;
 /// One dead letter of a consumer.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
+    /// The dead-letter stream.
     pub stream: String,
+    /// Its sequence in that stream.
     pub seq: u64,
     /// The original message id (`None` when the message was dead-lettered for lacking a valid
     /// one).
     pub message_id: Option<String>,
+    /// The subject the message was first published to.
     pub original_subject: Option<String>,
+    /// Why it was dead-lettered.
     pub reason: String,
+    /// Deliveries the broker had made when it was dead-lettered.
     pub attempts: Option<u32>,
+    /// Seconds since it was dead-lettered.
     pub age_secs: f64,
+    /// Size of the payload.
     pub payload_bytes: usize,
     #[serde(skip)]
     headers: HeaderMap,
@@ -121,37 +128,49 @@ pub async fn list(
 pub enum Selection {
     /// The dead letters of this original message id.
     MessageId(String),
+    /// Every dead letter of the consumer.
     All,
 }
 
 /// Reprocessing on purpose: the message is republished under `key`, a new message id.
 #[derive(Debug, Clone)]
 pub struct Repair {
+    /// The new message id: the effect applies again under it.
     pub key: String,
+    /// Why it was dead-lettered.
     pub reason: String,
     /// Who asked (recorded in the audit table).
     pub requested_by: String,
 }
 
+/// A dead letter sent back to its stream.
 #[derive(Debug, Clone, Serialize)]
 pub struct Replayed {
+    /// The dead letter's sequence.
     pub seq: u64,
     /// The id the replay carries: the original, or the repair key.
     pub message_id: String,
+    /// The subject it was republished to.
     pub subject: String,
     /// Stream sequence of the republished message.
     pub published_seq: u64,
 }
 
+/// A dead letter not replayed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {
+    /// The dead letter's sequence.
     pub seq: u64,
+    /// Why not.
     pub why: String,
 }
 
+/// What a replay did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayReport {
+    /// The dead letters replayed (and removed from the dead-letter stream).
     pub replayed: Vec<Replayed>,
+    /// The ones left where they are.
     pub skipped: Vec<Skipped>,
 }
 

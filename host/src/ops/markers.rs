@@ -16,13 +16,16 @@ use super::{broker, human};
 /// One consumer's markers.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConsumerMarkers {
+    /// The consumer name.
     pub consumer: String,
+    /// Its markers.
     pub rows: i64,
     /// The consumer's share of the table's bytes (indexes included), by row count: an estimate.
     pub bytes: i64,
     /// Age of the oldest and the newest marker.
     #[serde(serialize_with = "secs")]
     pub oldest: Option<Duration>,
+    /// Age of the newest marker.
     #[serde(serialize_with = "secs")]
     pub newest: Option<Duration>,
 }
@@ -34,6 +37,7 @@ pub struct MarkerState {
     pub table_bytes: u64,
     /// Rows in the table (all consumers).
     pub total_rows: i64,
+    /// Each consumer's share.
     pub consumers: Vec<ConsumerMarkers>,
 }
 
@@ -108,10 +112,15 @@ pub async fn state(
 /// What a prune would delete, or deleted.
 #[derive(Debug, Clone, Serialize)]
 pub struct PruneReport {
+    /// The consumer name.
     pub consumer: String,
+    /// The age past which markers are deleted.
     pub older_than_secs: u64,
+    /// Markers deleted (or that would be, on a dry run).
     pub rows: u64,
+    /// Delete statements run (each bounded in rows).
     pub batches: u32,
+    /// Only counted, nothing deleted.
     pub dry_run: bool,
 }
 
@@ -119,8 +128,11 @@ pub struct PruneReport {
 #[derive(Debug, thiserror::Error)]
 #[error("refusing to prune {consumer} markers older than {older_than}: {why}")]
 pub struct Refused {
+    /// The consumer name.
     pub consumer: String,
+    /// The age asked for.
     pub older_than: String,
+    /// The contract it breaks.
     pub why: String,
 }
 

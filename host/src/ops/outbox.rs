@@ -1,5 +1,5 @@
 //! `idemhost outbox list | retry`: the outbox rows the relay could not publish. A row that
-//! failed `outbox.max_attempts` times is set aside (see [`crate::outbox::relay`]); the operator
+//! failed `outbox.max_attempts` times is set aside (see `crate::outbox::relay`); the operator
 //! lists them with their reason and, once the cause is fixed (a stream now captures the
 //! subject), sends them again. A retried row is published under its deterministic id: a copy
 //! that did reach the stream is dropped by the stream within its duplicate window, and by a
@@ -11,16 +11,25 @@ use sqlx::PgPool;
 /// One outbox row the relay has not published yet.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Row {
+    /// The row's id.
     pub id: i64,
+    /// The consumer whose delivery published it.
     pub consumer: String,
+    /// The message whose handling published it.
     pub source_message_id: String,
+    /// Its place among that delivery's events.
     pub seq: i32,
+    /// Where it goes.
     pub subject: String,
+    /// Failed publish attempts so far.
     pub attempts: i32,
+    /// The last attempt's error.
     pub last_error: Option<String>,
+    /// Seconds since it was committed.
     pub age_secs: f64,
     /// Seconds until the relay tries it again (0: due); `None` when set aside.
     pub next_attempt_in_secs: Option<f64>,
+    /// Given up on after `outbox.max_attempts`: sent again only by `outbox retry`.
     pub set_aside: bool,
 }
 

@@ -17,7 +17,9 @@ use crate::source::partition::server_at_least;
 /// One durable's state after the request.
 #[derive(Debug, Serialize)]
 pub struct Paused {
+    /// The durable.
     pub durable: String,
+    /// Whether the server now holds its deliveries.
     pub paused: bool,
     /// RFC 3339, while paused.
     pub until: Option<String>,

@@ -57,8 +57,11 @@ const MAX_ERROR_BYTES: usize = 1000;
 /// How the relay retries a row that failed to publish (`[outbox]`).
 #[derive(Debug, Clone, Copy)]
 pub struct Retry {
+    /// The first retry delay; doubled each attempt.
     pub base: Duration,
+    /// The longest retry delay.
     pub cap: Duration,
+    /// Attempts before a row is set aside.
     pub max_attempts: u32,
 }
 

@@ -260,6 +260,7 @@ impl Tx {
         self.end(statement).await
     }
 
+    /// Rolls the transaction back.
     pub async fn rollback(self) -> Result<(), sqlx::Error> {
         self.end("ROLLBACK").await
     }

@@ -7,7 +7,7 @@ use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use super::bindings::{self, idemhost::consumer::database, idemhost::consumer::logging};
 use super::{MAX_LOG_LINE_BYTES, MAX_LOG_LINES, PluginState, wit};
 use crate::sql_gate::SqlValue;
-use crate::txn::{TxError, TxHandle};
+use crate::tx_handle::{TxError, TxHandle};
 
 /// Links the host interfaces: the idemhost world's imports, and the WASI pieces language
 /// runtimes import without a way to reach anything (empty environment and arguments, no

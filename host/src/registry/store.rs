@@ -2,7 +2,7 @@
 //! restarts: components live in an Object Store bucket under their digest, and each consumer's
 //! current version is a pointer in a KV bucket (key: the consumer name). `idemhost plugin
 //! deploy --store nats` writes both; every host follows the KV and swaps through
-//! [`Registry::deploy`], after checking that the fetched bytes have the pointer's digest.
+//! [`Plugins::deploy`], after checking that the fetched bytes have the pointer's digest.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -16,7 +16,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::Registry;
+use super::Plugins;
 use crate::config::PluginsConfig;
 
 /// A consumer's version pointer, the KV value.
@@ -38,6 +38,7 @@ pub struct NatsStore {
 }
 
 impl NatsStore {
+    /// Opens (creating if missing) the configured KV bucket and object store.
     pub async fn open(js: &jetstream::Context, config: &PluginsConfig) -> anyhow::Result<Self> {
         // Another replica may create a bucket between our lookup and our create: look again.
         let objects = match js.get_object_store(&config.object_bucket).await {
@@ -220,7 +221,7 @@ impl NatsStore {
     /// change between start-up and the watch is missed; a broken watch is re-opened.
     pub fn follow(
         self,
-        registry: Arc<Registry>,
+        registry: Arc<Plugins>,
         mut stop: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
@@ -264,7 +265,7 @@ impl NatsStore {
     }
 
     /// Fetches and deploys `pointer` for `consumer` unless it is current already.
-    pub async fn apply(&self, registry: &Registry, consumer: &str, pointer: &Pointer) {
+    pub async fn apply(&self, registry: &Plugins, consumer: &str, pointer: &Pointer) {
         let Some(slot) = registry.slot(consumer) else {
             return;
         };

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::debug;
 
-use super::Registry;
+use super::Plugins;
 
 /// What identifies one content of a file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ fn identity(path: &PathBuf) -> Option<Identity> {
 
 /// Watches each `(consumer, file)` until `stop` turns true.
 pub fn spawn(
-    registry: Arc<Registry>,
+    registry: Arc<Plugins>,
     files: Vec<(String, PathBuf)>,
     every: Duration,
     mut stop: watch::Receiver<bool>,

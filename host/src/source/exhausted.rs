@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use super::ConsumerRuntime;
-use super::settle::DeadLetter;
+use super::settle::DeadLetterMessage;
 use crate::headers::message_id;
 
 /// What the watcher's own durable consumer on the advisory stream is called.
@@ -196,7 +196,7 @@ async fn settle(runtime: &ConsumerRuntime, advisory: &Advisory) -> anyhow::Resul
         advisory.deliveries
     );
     warn!(consumer = %config.name, stream_seq = seq, %reason, "out of deliveries; dead-lettering");
-    let letter = DeadLetter {
+    let letter = DeadLetterMessage {
         headers,
         id: id.as_deref(),
         stream_seq: seq,

@@ -116,6 +116,7 @@ pub struct Pin {
 }
 
 impl Pin {
+    /// The pin of `config`'s partition `partition`, holding no message yet.
     pub fn new(config: &ConsumerConfig, partition: u32) -> Pin {
         Pin {
             partition,

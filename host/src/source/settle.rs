@@ -46,7 +46,7 @@ impl ConsumerRuntime {
                 checked,
             } = self.prepare(msg);
             let checked = self
-                .checked(msg, checked, stream_seq, attempt)
+                .admit(msg, checked, stream_seq, attempt)
                 .instrument(span.clone())
                 .await;
             if let Some(message) = checked {
@@ -57,7 +57,7 @@ impl ConsumerRuntime {
         if messages.is_empty() {
             return;
         }
-        let active = self.plugin.begin();
+        let active = self.plugin.start_delivery();
         let refs: Vec<&jetstream::Message> = ready.iter().map(|r| r.0).collect();
         let results = self
             .with_progress(
@@ -108,7 +108,7 @@ impl ConsumerRuntime {
         let prepared = self.prepare(&msg);
         let span = prepared.span.clone();
         async {
-            let mut message = match self.checked(&msg, prepared.checked, prepared.stream_seq, prepared.attempt).await {
+            let mut message = match self.admit(&msg, prepared.checked, prepared.stream_seq, prepared.attempt).await {
                 Some(m) => m,
                 None => return,
             };
@@ -118,7 +118,7 @@ impl ConsumerRuntime {
             loop {
                 message.delivery_attempt = attempt;
                 // One version from here to the ack: a swap meanwhile affects only later deliveries.
-                let active = self.plugin.begin();
+                let active = self.plugin.start_delivery();
                 tracing::Span::current().record("plugin", active.version.digest.as_str());
                 let processed = self.with_progress(&[&msg], self.claimer.process(active.handler.as_ref(), &message)).await;
                 self.record(&message, &processed);
@@ -211,7 +211,7 @@ impl ConsumerRuntime {
 
     /// The message to handle, or `None` when it was refused before any transaction (then it
     /// is dead-lettered here). Runs inside the delivery's span.
-    async fn checked(
+    async fn admit(
         &self,
         msg: &jetstream::Message,
         checked: Result<Message, Refused>,
@@ -361,7 +361,7 @@ impl ConsumerRuntime {
         reason: &str,
         attempt: u32,
     ) {
-        let letter = DeadLetter {
+        let letter = DeadLetterMessage {
             headers: msg.message.headers.clone().unwrap_or_default(),
             id,
             stream_seq,
@@ -389,9 +389,9 @@ impl ConsumerRuntime {
     /// Publishes a dead letter and waits until JetStream stored it.
     pub(super) async fn publish_dead_letter(
         &self,
-        letter: DeadLetter<'_>,
+        letter: DeadLetterMessage<'_>,
     ) -> Result<(), async_nats::Error> {
-        let DeadLetter {
+        let DeadLetterMessage {
             mut headers,
             id,
             stream_seq,
@@ -498,7 +498,7 @@ struct Settled<'a> {
 /// A message on its way to the dead-letter subject: its original headers (to which the reason,
 /// consumer, original subject and attempt are added), id and stream sequence (which make its
 /// broker-level id) and payload.
-pub(super) struct DeadLetter<'a> {
+pub(super) struct DeadLetterMessage<'a> {
     pub(super) headers: async_nats::HeaderMap,
     pub(super) id: Option<&'a str>,
     pub(super) stream_seq: u64,

@@ -63,10 +63,13 @@ pub struct TxHandle {
 /// attempt all the same); `Closed` means the handle outlived its delivery (a trap for a plugin).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum TxError {
+    /// The host refused the statement (the SQL gate, a closed transaction, a limit).
     #[error("{0}")]
     Refused(String),
+    /// PostgreSQL returned an error (`SQLSTATE: message`).
     #[error("{0}")]
     Database(String),
+    /// The handle was used after its delivery ended.
     #[error("transaction handle used outside its delivery")]
     Closed,
 }
@@ -136,7 +139,7 @@ impl TxHandle {
     }
 
     /// Publishes an event through the transactional outbox: a row in this transaction that
-    /// the relay sends after the commit (see [`outbox`]).
+    /// the relay sends after the commit (see `outbox`).
     pub async fn publish(
         &self,
         subject: &str,
@@ -216,8 +219,8 @@ impl TxHandle {
         Ok(done.rows_affected())
     }
 
-    /// Runs one statement; returns its rows (bounded by [`sql_gate::MAX_ROWS`] rows and
-    /// [`sql_gate::MAX_RESULT_BYTES`] bytes; past either bound the attempt fails).
+    /// Runs one statement; returns its rows (bounded by `sql_gate::MAX_ROWS` rows and
+    /// `sql_gate::MAX_RESULT_BYTES` bytes; past either bound the attempt fails).
     pub async fn query(
         &self,
         sql: &str,

@@ -26,22 +26,26 @@ pub struct Trace {
     inner: Mutex<Traced>,
 }
 
-/// What a [`Trace`] holds.
+/// What a `Trace` holds.
 #[derive(Debug, Default, Clone)]
 pub struct Traced {
     /// The plugin's statements in the order it ran them (the host's own are not included),
-    /// the first [`TRACED_STATEMENTS`]; and how many more there were.
+    /// the first `TRACED_STATEMENTS`; and how many more there were.
     pub statements: Vec<Statement>,
+    /// Statements past the first `TRACED_STATEMENTS`.
     pub statements_dropped: usize,
     /// Log lines the plugin kept (after the per-delivery cap), and how many were dropped.
     pub logs: Vec<(String, String)>,
+    /// Log lines dropped by the cap.
     pub logs_dropped: u32,
     /// Outbox events, in the order published (refused ones included, with the refusal), the
-    /// first [`TRACED_PUBLISHES`]; and how many more there were.
+    /// first `TRACED_PUBLISHES`; and how many more there were.
     pub published: Vec<Published>,
+    /// Events past the first `TRACED_PUBLISHES`.
     pub published_dropped: usize,
     /// Creating the instance, and the `handle` call.
     pub instantiate: Option<Duration>,
+    /// The `handle` call.
     pub handle: Option<Duration>,
     /// The trap or interruption that ended the call, if one did.
     pub trap: Option<String>,
@@ -50,9 +54,13 @@ pub struct Traced {
 /// One statement the plugin sent through the transaction handle.
 #[derive(Debug, Clone)]
 pub struct Statement {
+    /// The statement's text.
     pub sql: String,
+    /// Its parameters (long values cut).
     pub params: Vec<SqlValue>,
+    /// What it came back with.
     pub result: StatementResult,
+    /// How long it took.
     pub elapsed: Duration,
 }
 
@@ -61,9 +69,11 @@ pub struct Statement {
 pub enum StatementResult {
     /// `execute`: rows affected.
     Affected(u64),
-    /// `query`: the first [`TRACED_ROWS`] rows, and how many there were.
+    /// `query`: the first `TRACED_ROWS` rows, and how many there were.
     Rows {
+        /// The rows kept.
         rows: Vec<Vec<SqlValue>>,
+        /// Rows returned.
         total: usize,
     },
     /// A refusal by the host or an error from PostgreSQL, as the plugin saw it.
@@ -73,8 +83,11 @@ pub enum StatementResult {
 /// One event published through the outbox.
 #[derive(Debug, Clone)]
 pub struct Published {
+    /// The subject.
     pub subject: String,
+    /// Its headers.
     pub headers: Vec<(String, String)>,
+    /// Its payload.
     pub payload: Vec<u8>,
     /// Why the host refused it, when it did.
     pub refused: Option<String>,
