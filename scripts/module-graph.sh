@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The library's top-level modules and which use which (any `crate::<module>` path, or `super::`
 # from a submodule, outside `#[cfg(test)]` files), then every dependency circle among them
-# (strongly connected components). No build needed; reads host/src of the checkout it is in, or
+# (strongly connected components), or, with none, the layers. No build needed; reads host/src of the checkout it is in, or
 # of DIR: `scripts/module-graph.sh [DIR]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,4 +60,17 @@ print(f"\n{sum(len(e) for e in edges.values())} edges among {len(top)} modules; 
       f"{len(comps)} dependency circle(s)")
 for c in comps:
     print("  circle:", ", ".join(c))
+if not comps:
+    # Layers, bottom first: a module sits one above the highest module it uses, so every
+    # arrow points down.
+    level = {}
+    def depth(v):
+        if v not in level:
+            level[v] = 1 + max((depth(w) for w in edges[v]), default=-1)
+        return level[v]
+    for v in top:
+        depth(v)
+    print("layers (bottom first; each uses only layers below it):")
+    for k in range(max(level.values()) + 1):
+        print(f"  {k}: {', '.join(sorted(v for v in top if level[v] == k))}")
 PY

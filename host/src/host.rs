@@ -15,42 +15,13 @@ use tracing::info;
 
 use crate::admin::{self, Readiness};
 use crate::claim::{ClaimSettings, Claimer};
-use crate::config::{Config, ConsumerConfig, NatsConfig, PluginStoreKind, PostgresConfig};
+use crate::config::{Config, ConsumerConfig, PluginStoreKind, PostgresConfig};
 use crate::handler::Handler;
 use crate::metrics::Metrics;
 use crate::pg;
 use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing};
 use crate::registry::{self, Plugins, store::NatsStore};
 use crate::source;
-
-/// Connects to NATS with the configured timeouts; the JetStream context's requests are bounded
-/// by `nats.request_timeout`.
-pub async fn connect_nats(
-    config: &NatsConfig,
-) -> anyhow::Result<(async_nats::Client, async_nats::jetstream::Context)> {
-    // Several servers (a cluster) are comma-separated; the client tries them in turn and then
-    // also the ones the cluster announces.
-    let servers: Vec<&str> = config
-        .url
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .collect();
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(config.connect_timeout.0)
-        .request_timeout(Some(config.request_timeout.0))
-        .connect(servers)
-        .await
-        .with_context(|| {
-            format!(
-                "failed to connect to NATS at {}",
-                pg::redact_urls(&config.url)
-            )
-        })?;
-    let mut js = async_nats::jetstream::new(client.clone());
-    js.set_timeout(config.request_timeout.0);
-    Ok((client, js))
-}
 
 /// Start-up choices that are not part of the configuration file.
 #[derive(Debug, Clone)]
@@ -119,7 +90,7 @@ impl Host {
         }
         let runtime = plugin_runtime(&config, &native, total_in_flight)?;
         let nats_url = pg::redact_urls(&config.nats.url);
-        let (client, js) = connect_nats(&config.nats).await?;
+        let (client, js) = source::connect_nats(&config.nats).await?;
         readiness.watch(client.clone(), pool.clone());
         let store = match (config.plugins.store, &runtime) {
             (Some(PluginStoreKind::Nats), Some(_)) => {
@@ -131,7 +102,7 @@ impl Host {
         let (registry, watched) = load(&config, &native, runtime, store.as_ref()).await?;
         let registry = Arc::new(registry);
         readiness.set_registry(registry.clone());
-        metrics.set_plugins(registry.clone());
+        metrics.set_plugins(Box::new(registry::PluginCollector(registry.clone())));
         let runtimes = bind(&config, &native, &pool, &failover, &registry, &js, &metrics).await?;
 
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -147,7 +118,7 @@ impl Host {
         if let Some(store) = store {
             background.push(store.follow(registry.clone(), stop_rx.clone()));
         }
-        background.extend(crate::metrics::sample::spawn(
+        background.extend(crate::ops::sample::spawn(
             metrics.clone(),
             &config.metrics,
             js.clone(),

@@ -15,20 +15,22 @@
 //! outside the broker, as `idemhost plugin test` runs it). The command line is the
 //! `idemhost-cli` package; the benchmark harness is `idemhost-bench`.
 //!
-//! # Layout (in layers; a module uses only modules above it)
-//! - `config`, `headers`, `outcome`, `clock`, `histogram`, `failpoint`: the configuration and
-//!   the types everything shares.
-//! - `pg`: the pool, migrations, the plugin role's wall, the one classification of database
-//!   errors. `sql_gate`: what handler SQL may do. `outbox`: events published through the
+//! # Layout, bottom up (a module uses only the ones listed before it; `scripts/module-graph.sh`
+//! checks it)
+//! - `config`, `subjects`, `headers`, `outcome`, `clock`, `histogram`, `failpoint`, `metrics`:
+//!   the configuration and the types and counters everything shares.
+//! - `sql_gate`: what handler SQL may do. `pg`: the pool, migrations, the plugin role's wall,
+//!   the one classification of database errors. `outbox`: events published through the
 //!   transaction, and their relay.
-//! - `tx_handle`: the transaction handle lent to a handler for one call. `handler`: the [`Handler`]
-//!   trait. `plugin`: WASM components — loading, validation, the compile cache, sandboxed
-//!   per-delivery instances.
+//! - `tx_handle`: the transaction handle lent to a handler for one call. `handler`: the
+//!   [`Handler`] trait. `plugin`: WASM components — loading, validation, the compile cache,
+//!   sandboxed per-delivery instances.
 //! - `claim`: the delivery's transaction — claim, handler, commit — and its [`Outcome`].
-//! - `source`: JetStream binding, the pull loop, ack / nak / term and dead-lettering.
 //! - `registry`: each consumer's current plugin version and the hot swap.
-//! - `metrics`, `admin` (`/healthz`, `/readyz`, `/metrics`, `/plugins`), `ops`, `otel`.
-//! - `host`: wiring it all together and running until shutdown.
+//! - `source`: JetStream binding, the pull loop, ack / nak / term and dead-lettering.
+//! - `admin` (`/healthz`, `/readyz`, `/metrics`, `/plugins`), `ops` (operator commands and the
+//!   metric samplers), `host` (wiring it all together and running until shutdown),
+//!   `rehearsal`, `telemetry`.
 
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

@@ -1,8 +1,8 @@
 //! Prometheus metrics (`GET /metrics`, OpenMetrics text via the `prometheus-client` crate):
 //! what each delivery became and what it took, recorded by the pull loop as deliveries settle;
 //! the broker's view of each consumer and the marker table's growth, sampled on an interval
-//! ([`sample`]); the plugin versions and their instantiation times, read from the registry at
-//! scrape time.
+//! (`ops::sample`); the plugin versions and their instantiation times, read from the registry
+//! at scrape time (`registry::PluginCollector`).
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
@@ -10,10 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelSet, EncodeMetric as _, NoLabelSet,
-};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -21,9 +18,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::outcome::{Processed, Rollback};
-use crate::registry::Plugins;
-
-pub mod sample;
 
 /// A claim slower than this counts in `idemhost_slow_claims_total`: it waited on a competing
 /// delivery of the same message id (or on a busy database).
@@ -45,12 +39,6 @@ struct DeliveryLabels {
 struct ReasonLabels {
     consumer: String,
     reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PluginLabels {
-    consumer: String,
-    digest: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,7 +90,7 @@ pub struct Metrics {
     outbox_oldest: Gauge<f64, AtomicU64>,
     outbox_set_aside: Gauge,
     outbox_passes: Counter,
-    plugins: Arc<PluginCollector>,
+    plugins: Arc<Late>,
 }
 
 impl Default for Metrics {
@@ -141,7 +129,7 @@ impl Metrics {
             outbox_oldest: Gauge::default(),
             outbox_set_aside: Gauge::default(),
             outbox_passes: Counter::default(),
-            plugins: Arc::new(PluginCollector::default()),
+            plugins: Arc::new(Late::default()),
             registry: Registry::default(),
         };
         let mut r = Registry::with_prefix("idemhost");
@@ -279,9 +267,10 @@ impl Metrics {
         Metrics { registry: r, ..m }
     }
 
-    /// The plugin registry whose versions and instantiation times `/metrics` shows.
-    pub fn set_plugins(&self, plugins: Arc<Plugins>) {
-        let _ = self.plugins.registry.set(plugins);
+    /// The collector of the plugins' versions and instantiation times `/metrics` shows (set
+    /// once, when they are loaded).
+    pub fn set_plugins(&self, collector: Box<dyn Collector>) {
+        let _ = self.plugins.inner.set(collector);
     }
 
     /// One consumer's handles, resolved once (at bind) so a delivery records without
@@ -322,36 +311,52 @@ impl Metrics {
         out
     }
 
-    /// Records a sample of a consumer's broker state.
-    pub fn set_consumer_state(&self, consumer: &str, state: &sample::ConsumerState) {
+    /// Records a sample of a consumer's broker state: messages not yet delivered, delivered
+    /// and not acked, and the age of the oldest unacked one.
+    pub fn set_consumer_state(
+        &self,
+        consumer: &str,
+        pending: u64,
+        ack_pending: u64,
+        oldest_unacked: Option<Duration>,
+    ) {
         let labels = ConsumerLabels {
             consumer: consumer.to_string(),
         };
         self.pending
             .get_or_create(&labels)
-            .set(i64::try_from(state.pending).unwrap_or(i64::MAX));
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
         self.ack_pending
             .get_or_create(&labels)
-            .set(i64::try_from(state.ack_pending).unwrap_or(i64::MAX));
+            .set(i64::try_from(ack_pending).unwrap_or(i64::MAX));
         self.oldest_unacked
             .get_or_create(&labels)
-            .set(state.oldest_unacked.map_or(0.0, |d| d.as_secs_f64()));
+            .set(oldest_unacked.map_or(0.0, |d| d.as_secs_f64()));
     }
 
-    /// Records a sample of the marker table.
-    pub fn set_marker_state(&self, state: &sample::MarkerState) {
+    /// Records a sample of the marker table's size.
+    pub fn set_marker_table_bytes(&self, bytes: u64) {
         self.marker_table_bytes
-            .set(i64::try_from(state.table_bytes).unwrap_or(i64::MAX));
-        for c in &state.consumers {
-            let labels = ConsumerLabels {
-                consumer: c.consumer.clone(),
-            };
-            self.markers.get_or_create(&labels).set(c.rows);
-            self.marker_bytes.get_or_create(&labels).set(c.bytes);
-            self.oldest_marker
-                .get_or_create(&labels)
-                .set(c.oldest.map_or(0.0, |d| d.as_secs_f64()));
-        }
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Records a sample of one consumer's markers: rows, share of the table's bytes, age of
+    /// the oldest.
+    pub fn set_consumer_markers(
+        &self,
+        consumer: &str,
+        rows: i64,
+        bytes: i64,
+        oldest: Option<Duration>,
+    ) {
+        let labels = ConsumerLabels {
+            consumer: consumer.to_string(),
+        };
+        self.markers.get_or_create(&labels).set(rows);
+        self.marker_bytes.get_or_create(&labels).set(bytes);
+        self.oldest_marker
+            .get_or_create(&labels)
+            .set(oldest.map_or(0.0, |d| d.as_secs_f64()));
     }
 
     /// An outbox event of `consumer` was published `lag` after its row was written.
@@ -522,62 +527,25 @@ impl EventTypeLabels {
     }
 }
 
-/// Reads the plugin registry at scrape time: `idemhost_plugin_info{consumer, digest}` and
-/// `idemhost_plugin_instantiate_seconds{consumer, digest}` of each consumer's current version.
+/// A collector registered at start-up and filled in later: the plugins' versions, known once
+/// they are loaded (`registry::PluginCollector`).
 #[derive(Default)]
-struct PluginCollector {
-    registry: OnceLock<Arc<Plugins>>,
+struct Late {
+    inner: OnceLock<Box<dyn Collector>>,
 }
 
-impl std::fmt::Debug for PluginCollector {
+impl std::fmt::Debug for Late {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PluginCollector")
+        f.write_str("Late")
     }
 }
 
-impl Collector for PluginCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(plugins) = self.registry.get() else {
-            return Ok(());
-        };
-        let current: Vec<_> = plugins
-            .consumers()
-            .map(|slot| (slot.consumer().to_string(), slot.current_active()))
-            .collect();
-        let mut info = encoder.encode_descriptor(
-            "plugin_info",
-            "The plugin version each consumer runs (value 1)",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (consumer, active) in &current {
-            let labels = PluginLabels {
-                consumer: consumer.clone(),
-                digest: active.version.digest.clone(),
-            };
-            let one = Gauge::<i64>::default();
-            one.set(1);
-            one.encode(info.encode_family(&labels)?)?;
+impl Collector for Late {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        match self.inner.get() {
+            Some(collector) => collector.encode(encoder),
+            None => Ok(()),
         }
-        let mut inst = encoder.encode_descriptor(
-            "plugin_instantiate_seconds",
-            "Creating a plugin instance for one delivery (current version)",
-            None,
-            MetricType::Histogram,
-        )?;
-        for (consumer, active) in &current {
-            let Some(timings) = active.handler.timings() else {
-                continue;
-            };
-            let labels = PluginLabels {
-                consumer: consumer.clone(),
-                digest: active.version.digest.clone(),
-            };
-            let (sum, count, buckets) = timings.instantiate.octaves(Duration::from_micros(64));
-            inst.encode_family(&labels)?
-                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
-        }
-        Ok(())
     }
 }
 

@@ -10,14 +10,15 @@ pub mod dlq;
 pub mod markers;
 pub mod outbox;
 pub mod pause;
+pub(crate) mod sample;
 
 use std::time::Duration;
 
 pub(crate) use crate::clock::age_of;
 pub use crate::config::postgres_url::{redact_url, redact_urls};
-pub use crate::host::connect_nats;
 pub use crate::pg::{connect as connect_postgres, describe as describe_error};
 pub use crate::registry::store::NatsStore;
+pub use crate::source::connect_nats;
 
 /// The admin endpoint's client: [`admin::probe`] (`idemhost health`) and the HTTP requests of
 /// `idemhost plugin deploy | list | rollback`.

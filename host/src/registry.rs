@@ -9,8 +9,11 @@
 //! checked against the world and instantiated once (on a blocking thread, while deliveries go
 //! on) *before* it becomes current; a refused component leaves the old one serving.
 
+mod scrape;
 pub mod store;
 pub mod watch;
+
+pub(crate) use scrape::PluginCollector;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;

@@ -33,6 +33,35 @@ use gathering::Gathering;
 use ordering::{KeySpec, KeyedQueues};
 pub(crate) use settle::read_message;
 
+/// Connects to NATS with the configured timeouts; the JetStream context's requests are bounded
+/// by `nats.request_timeout`.
+pub async fn connect_nats(
+    config: &crate::config::NatsConfig,
+) -> anyhow::Result<(async_nats::Client, async_nats::jetstream::Context)> {
+    // Several servers (a cluster) are comma-separated; the client tries them in turn and then
+    // also the ones the cluster announces.
+    let servers: Vec<&str> = config
+        .url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(config.connect_timeout.0)
+        .request_timeout(Some(config.request_timeout.0))
+        .connect(servers)
+        .await
+        .with_context(|| {
+            format!(
+                "failed to connect to NATS at {}",
+                crate::pg::redact_urls(&config.url)
+            )
+        })?;
+    let mut js = async_nats::jetstream::new(client.clone());
+    js.set_timeout(config.request_timeout.0);
+    Ok((client, js))
+}
+
 /// How long one pull request waits for messages before the server ends it.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 

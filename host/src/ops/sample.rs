@@ -12,15 +12,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use super::Metrics;
+use super::{broker, markers};
 use crate::config::{ConsumerConfig, MetricsConfig};
-use crate::ops::{broker, markers};
-
-pub use crate::ops::broker::ConsumerState;
-pub use crate::ops::markers::MarkerState;
+use crate::metrics::Metrics;
 
 /// Starts the samplers `config` enables; they stop when `stop` turns true.
-pub fn spawn(
+pub(crate) fn spawn(
     metrics: Arc<Metrics>,
     config: &MetricsConfig,
     js: jetstream::Context,
@@ -36,7 +33,12 @@ pub fn spawn(
             async move {
                 for c in &consumers {
                     match broker::consumer_state(&js, c).await {
-                        Ok(state) => metrics.set_consumer_state(&c.name, &state),
+                        Ok(state) => metrics.set_consumer_state(
+                            &c.name,
+                            state.pending,
+                            state.ack_pending,
+                            state.oldest_unacked,
+                        ),
                         Err(e) => {
                             metrics.sample_failed("consumer");
                             warn!(consumer = %c.name, error = format!("{e:#}"), "consumer state sample failed");
@@ -52,7 +54,12 @@ pub fn spawn(
             let (metrics, pool, names) = (metrics.clone(), pool.clone(), names.clone());
             async move {
                 match markers::state(&pool, Some(&names)).await {
-                    Ok(state) => metrics.set_marker_state(&state),
+                    Ok(state) => {
+                        metrics.set_marker_table_bytes(state.table_bytes);
+                        for c in &state.consumers {
+                            metrics.set_consumer_markers(&c.consumer, c.rows, c.bytes, c.oldest);
+                        }
+                    }
                     Err(e) => {
                         metrics.sample_failed("markers");
                         warn!(error = %crate::pg::describe(&e), "marker table sample failed");
