@@ -16,7 +16,9 @@ mod tx;
 pub mod wall;
 pub use failover::Failover;
 pub(crate) use tx::last_flag;
-pub use tx::{Connections, Tx, session_failed};
+#[cfg(feature = "test-support")]
+pub use tx::session_failed;
+pub use tx::{Connections, Tx};
 pub use wall::Wall;
 
 /// What to do about a failed database operation.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::{Consumer, pull};
-use async_nats::jetstream::{self, AckKind, stream};
+use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -17,8 +17,8 @@ use crate::claim::Claimer;
 use crate::config::ConsumerConfig;
 use crate::metrics::{ConsumerMetrics, EventTypeLabels, Metrics};
 use crate::registry::Slot;
-use crate::subjects::subject_matches;
 
+mod dead_letter;
 mod exhausted;
 mod gathering;
 mod group_limit;
@@ -26,6 +26,7 @@ pub mod ordering;
 pub mod partition;
 #[cfg(test)]
 mod props;
+mod provision;
 mod pulling;
 mod settle;
 pub(crate) use crate::headers::header;
@@ -90,9 +91,8 @@ pub struct ConsumerRuntime {
     partition: Option<(String, partition::Pin)>,
 }
 
-/// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
-/// consumer — of `partition`, with `partitions` (see [`partition`]). Errors name the consumer
-/// and what is missing.
+/// Provisions the consumer on the broker ([`provision`]) — of `partition`, with `partitions`
+/// (see [`partition`]) — and makes its runtime.
 pub async fn bind(
     js: &jetstream::Context,
     config: &ConsumerConfig,
@@ -102,189 +102,8 @@ pub async fn bind(
     metrics: &Metrics,
 ) -> anyhow::Result<ConsumerRuntime> {
     let name = &config.name;
-    if partition.is_some() {
-        partition::check_server(&js.client(), name)?;
-    }
-    let stream = if config.create_stream {
-        let mut stream = js
-            .get_or_create_stream(stream::Config {
-                name: config.stream.clone(),
-                subjects: config.subjects.clone(),
-                subject_transform: (config.partitions > 0)
-                    .then(|| partition::transform(&config.subjects[0], config.partitions)),
-                ..Default::default()
-            })
-            .await
-            .with_context(|| {
-                format!("consumer {name}: failed to create stream {}", config.stream)
-            })?;
-        // Several consumers (or processes) may share a stream they create: each adds the
-        // subjects it lacks, re-reading after its update in case a concurrent one overwrote it.
-        for _ in 0..5 {
-            let mut wanted = stream.cached_info().config.clone();
-            let missing: Vec<String> = config
-                .subjects
-                .iter()
-                .filter(|s| !wanted.subjects.iter().any(|have| subject_matches(have, s)))
-                .cloned()
-                .collect();
-            if missing.is_empty() {
-                break;
-            }
-            wanted.subjects.extend(missing);
-            js.update_stream(&wanted).await.with_context(|| {
-                format!(
-                    "consumer {name}: failed to add its subjects to stream {}",
-                    config.stream
-                )
-            })?;
-            stream = js.get_stream(&config.stream).await?;
-        }
-        stream
-    } else {
-        js.get_stream(&config.stream).await.with_context(|| {
-            format!(
-                "consumer {name}: stream {} not found (create it, or set create_stream = true)",
-                config.stream
-            )
-        })?
-    };
-    if config.partitions > 0 {
-        // Without the transform nothing would match the partitions' filters (or a producer
-        // could pick a partition by publishing `<subject>.<n>` itself).
-        let wanted = partition::transform(&config.subjects[0], config.partitions);
-        let have = &stream.cached_info().config;
-        if have.subject_transform.as_ref() != Some(&wanted) {
-            anyhow::bail!(
-                "consumer {name}: `partitions = {}` needs stream {} to put the partition in the \
-                 subject: subject_transform {{ src = \"{}\", dest = \"{}\" }} (it has {:?}; \
-                 create_stream = true sets it when it creates the stream)",
-                config.partitions,
-                config.stream,
-                wanted.source,
-                wanted.destination,
-                have.subject_transform
-            );
-        }
-    }
-    let dlq = config.dead_letter_subject();
-    if let Ok(dlq_stream) = js.stream_by_subject(dlq.clone()).await {
-        let consumes_own_dead_letters =
-            config.subjects.is_empty() || config.subjects.iter().any(|s| subject_matches(s, &dlq));
-        if dlq_stream == config.stream && consumes_own_dead_letters {
-            anyhow::bail!(
-                "consumer {name}: dead_letter_subject {dlq} is in stream {} and matches the consumer's subjects: \
-                 it would consume its own dead letters (narrow `subjects` or use another subject)",
-                config.stream
-            );
-        }
-    } else {
-        if config.create_stream {
-            // Named after the subject, not the consumer: two configs with one consumer name and
-            // different dead-letter subjects must not meet in one stream that captures only
-            // the first subject.
-            let dlq_stream = dead_letter_stream_name(&dlq);
-            js.get_or_create_stream(stream::Config {
-                name: dlq_stream.clone(),
-                subjects: vec![dlq.clone()],
-                ..Default::default()
-            })
-            .await
-            .with_context(|| {
-                format!("consumer {name}: failed to create dead-letter stream {dlq_stream}")
-            })?;
-            if js.stream_by_subject(dlq.clone()).await.is_err() {
-                anyhow::bail!(
-                    "consumer {name}: stream {dlq_stream} exists but does not capture dead_letter_subject {dlq}"
-                );
-            }
-        } else {
-            anyhow::bail!(
-                "consumer {name}: no JetStream stream captures dead_letter_subject {dlq} (create one, or set create_stream = true)"
-            );
-        }
-    }
-    let durable = match partition {
-        Some(p) => partition::durable(config, p),
-        None => config.durable_name(),
-    };
-    // The host enforces max_deliver itself (dead-lettering on the last attempt). The server
-    // stops one delivery later, for messages the host never got to settle, and its advisory
-    // makes the watcher dead-letter them (see `exhausted`). Without the watcher's stream the
-    // server redelivers without end rather than drop a message silently.
-    let exhausted = match exhausted::bind(js, &config.stream, &durable).await {
-        Ok(watcher) => Some(watcher),
-        Err(e) => {
-            warn!(consumer = %name, error = %format!("{e:#}"),
-                "messages the host cannot settle will be redelivered without end (no advisory stream)");
-            None
-        }
-    };
-    if partition.is_some() && exhausted.is_none() {
-        // A message the client cannot read would hold its partition (one message at a time)
-        // for ever: the advisory stream is what dead-letters it.
-        anyhow::bail!(
-            "consumer {name}: `partitions` needs the max-deliveries advisory stream, which could \
-             not be set up (see the warning above)"
-        );
-    }
-    let max_deliver = match exhausted {
-        Some(_) => i64::from(config.max_deliver) + 1,
-        None => -1,
-    };
-    let mut pull_config = pull::Config {
-        durable_name: Some(durable.clone()),
-        ack_policy: jetstream::consumer::AckPolicy::Explicit,
-        ack_wait: config.ack_wait.0,
-        max_deliver,
-        // Room for the pull loop's credits (see `run`), as many acks on their way, and the
-        // messages waiting behind their ordering key.
-        max_ack_pending: (2 * pull_credits(config) as i64 + max_waiting(config) as i64).max(16),
-        ..Default::default()
-    };
-    match config.subjects.as_slice() {
-        [] => {}
-        [one] => pull_config.filter_subject = one.clone(),
-        many => pull_config.filter_subjects = many.to_vec(),
-    }
-    if let Some(p) = partition {
-        partition::configure(&mut pull_config, config, p, PULL_EXPIRES);
-    }
-    let mut consumer = stream
-        .get_or_create_consumer(&durable, pull_config.clone())
-        .await
-        .with_context(|| {
-            format!(
-                "consumer {name}: failed to bind durable consumer {durable} on {}",
-                config.stream
-            )
-        })?;
-    let bound = &consumer.cached_info().config;
-    if bound.max_deliver != max_deliver
-        || bound.ack_wait != pull_config.ack_wait
-        || bound.max_ack_pending < pull_config.max_ack_pending
-        || bound.priority_timeout != pull_config.priority_timeout
-        || (partition.is_some() && bound.max_ack_pending != pull_config.max_ack_pending)
-    {
-        // A durable made by an older version or another config: bring the settings the host
-        // relies on up to date (both may be edited on a live consumer).
-        consumer = stream.update_consumer(pull_config).await.with_context(|| {
-            format!("consumer {name}: failed to update durable consumer {durable}")
-        })?;
-    }
-    if config.subjects.len() > 1 {
-        // Several filter subjects need NATS 2.10; an older server ignores the field and would
-        // deliver the whole stream (this consumer's dead letters included) to this consumer.
-        let applied = &consumer.cached_info().config.filter_subjects;
-        if applied != &config.subjects {
-            let _ = stream.delete_consumer(&durable).await;
-            anyhow::bail!(
-                "consumer {name}: `subjects` lists {} subjects, which needs a NATS server 2.10 or newer \
-                 (filter_subjects); this server ignored the filter. Use one subject (wildcards allowed)",
-                config.subjects.len()
-            );
-        }
-    }
+    let provision::Provisioned { durable, exhausted } =
+        provision::provision(js, config, partition).await?;
     Ok(ConsumerRuntime {
         config: config.clone(),
         js: js.clone(),
@@ -596,22 +415,4 @@ fn max_waiting(config: &ConsumerConfig) -> usize {
 /// of `batch_max`).
 fn pull_credits(config: &ConsumerConfig) -> usize {
     config.max_in_flight as usize * 2 * config.batch_max().max(1) as usize
-}
-
-/// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.
-fn dead_letter_stream_name(subject: &str) -> String {
-    stream_safe(&format!("IDEMHOST_DLQ_{subject}"))
-}
-
-/// `name` with every character a stream name may not hold replaced by `_`.
-fn stream_safe(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }

@@ -106,10 +106,6 @@ impl Servers {
         self.urls.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.urls.is_empty()
-    }
-
     pub fn attrs(&self) -> SessionAttrs {
         self.attrs
     }

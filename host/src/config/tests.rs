@@ -318,3 +318,73 @@ fn documented_examples_parse() {
         }
     }
 }
+
+/// The keys of `pub struct <name>` in `source`: each `pub <field>:`, or the name a
+/// `#[serde(rename = "...")]` above it gives.
+fn struct_fields(source: &str, name: &str) -> Vec<String> {
+    let start = source
+        .find(&format!("pub struct {name} {{"))
+        .unwrap_or_else(|| panic!("no struct {name}"));
+    let body = &source[start..];
+    let body = &body[..body.find("\n}\n").expect("an unclosed struct")];
+    let mut keys = Vec::new();
+    let mut renamed = None;
+    for line in body.lines().map(str::trim) {
+        if let Some((_, rest)) = line.split_once("rename = \"") {
+            renamed = rest.split_once('"').map(|(key, _)| key.to_string());
+        } else if let Some((field, _)) = line.strip_prefix("pub ").and_then(|r| r.split_once(':')) {
+            keys.push(renamed.take().unwrap_or_else(|| field.to_string()));
+        }
+    }
+    keys
+}
+
+/// Every key `config.rs` accepts is in docs/configuration.md's reference, in its own section (a
+/// commented-out `# key =` counts): a key added to the code without its documentation fails
+/// here. `documented_examples_parse` checks the other way: every documented key is accepted.
+#[test]
+fn the_reference_documents_every_key() {
+    let source = [include_str!("../config.rs"), include_str!("consumer.rs")].concat();
+    let reference = format!("\n{}", toml_blocks("docs/configuration.md").join("\n"));
+    // Each section's text: from its header to the next one.
+    let section = |header: &str| -> String {
+        let start = reference
+            .find(&format!("\n{header}\n"))
+            .unwrap_or_else(|| panic!("docs/configuration.md has no {header} section"));
+        let body = &reference[start + header.len() + 2..];
+        let end = body.find("\n[").unwrap_or(body.len());
+        body[..end].to_string()
+    };
+    let documented = |text: &str, key: &str| {
+        text.lines().any(|line| {
+            let line = line.trim_start_matches(['#', ' ']);
+            line.starts_with(&format!("{key} =")) || line.contains(&format!(" {key} = "))
+        })
+    };
+    let mut missing = Vec::new();
+    for (structure, header) in [
+        ("NatsConfig", "[nats]"),
+        ("PostgresConfig", "[postgres]"),
+        ("AdminConfig", "[admin]"),
+        ("PluginsConfig", "[plugins]"),
+        ("HostConfig", "[host]"),
+        ("OutboxConfig", "[outbox]"),
+        ("MetricsConfig", "[metrics]"),
+        ("ConsumerConfig", "[[consumer]]"),
+        // The inline table `ordering = { key = ..., max_waiting = ... }`.
+        ("OrderingConfig", "[[consumer]]"),
+    ] {
+        let text = section(header);
+        let fields = struct_fields(&source, structure);
+        assert!(!fields.is_empty(), "{structure} has no fields");
+        for field in fields {
+            if !documented(&text, &field) {
+                missing.push(format!("{header} {field}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "keys missing from docs/configuration.md: {missing:?}"
+    );
+}

@@ -15,7 +15,7 @@
 //! message is redelivered and decided by the marker on the new primary (docs/scaling.md says
 //! what the replication settings must be for an acked commit to be on that primary).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,7 +54,6 @@ pub struct Failover {
     options: PgConnectOptions,
     current: AtomicUsize,
     pools: Mutex<Vec<PgPool>>,
-    switches: AtomicU64,
     /// When the watcher last moved the pools.
     switched_at: Mutex<Option<std::time::Instant>>,
     /// How long one server may take to answer (connect and query) before it counts as down.
@@ -81,7 +80,6 @@ impl Failover {
             options,
             current: AtomicUsize::new(0),
             pools: Mutex::new(Vec::new()),
-            switches: AtomicU64::new(0),
             switched_at: Mutex::new(None),
         };
         if this.servers.watched() {
@@ -100,11 +98,6 @@ impl Failover {
         Ok(Arc::new(this))
     }
 
-    /// The servers, as parsed from `postgres.url`.
-    pub fn servers(&self) -> &Servers {
-        &self.servers
-    }
-
     /// The URL of the server in use now (one host).
     pub fn current_url(&self) -> &str {
         self.servers.url(self.current.load(Ordering::Relaxed))
@@ -117,11 +110,6 @@ impl Failover {
             self.options.clone(),
             self.current.load(Ordering::Relaxed),
         )
-    }
-
-    /// How many times the watcher moved the pools to another server.
-    pub fn switches(&self) -> u64 {
-        self.switches.load(Ordering::Relaxed)
     }
 
     /// Whether a connection `age` old was opened before the last move (to the old server).
@@ -185,7 +173,6 @@ impl Failover {
     fn switch_to(&self, i: usize) {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         let from = self.current.swap(i, Ordering::Relaxed);
-        self.switches.fetch_add(1, Ordering::Relaxed);
         *self.switched_at.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(std::time::Instant::now());
         pools.retain(|p| !p.is_closed());

@@ -122,6 +122,7 @@ impl Connections {
     }
 
     /// The pool behind the kept connections, for statements outside a delivery.
+    #[cfg_attr(not(feature = "test-support"), allow(dead_code))]
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

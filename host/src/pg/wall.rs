@@ -36,6 +36,7 @@ pub struct Wall {
     pub(crate) rollback_sql: String,
 }
 
+#[cfg_attr(not(feature = "test-support"), allow(dead_code))]
 impl Wall {
     /// Opens a delivery's transaction: `BEGIN ... READ WRITE` and the host's `SET LOCAL`s.
     pub fn begin_sql(&self) -> &str {

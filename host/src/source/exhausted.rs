@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use super::ConsumerRuntime;
-use super::settle::DeadLetterMessage;
+use super::dead_letter::DeadLetterMessage;
 use crate::headers::message_id;
 
 /// What the watcher's own durable consumer on the advisory stream is called.
@@ -37,7 +37,7 @@ pub(super) fn advisory_subject(stream: &str, durable: &str) -> String {
 /// `IDEMHOST_EXHAUSTED_<stream>_<durable>`, with every character a stream name may not hold
 /// replaced by `_`.
 fn advisory_stream_name(stream: &str, durable: &str) -> String {
-    super::stream_safe(&format!("IDEMHOST_EXHAUSTED_{stream}_{durable}"))
+    super::provision::stream_safe(&format!("IDEMHOST_EXHAUSTED_{stream}_{durable}"))
 }
 
 /// Creates (or finds) the advisory stream of one consumer and the watcher's consumer on it.

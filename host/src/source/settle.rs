@@ -1,30 +1,66 @@
 //! Settling deliveries: reading what a delivery carries, running it through the claim pipeline
-//! (alone, or with others in one group-commit transaction), then ack after the commit, nak with
-//! backoff, or dead-letter with the original id, headers and payload, then term.
+//! (alone first, then with others in one group-commit transaction), then ack after the commit,
+//! nak with backoff, or dead-letter (`dead_letter`) and term.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use tokio::sync::OwnedSemaphorePermit;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ConsumerRuntime;
 use crate::claim::{Outcome, Processed};
 use crate::config::ConsumerConfig;
 use crate::failpoint;
 use crate::handler::Message;
-use crate::headers::{
-    DELIVERY_ATTEMPT_HEADER, EVENT_TYPE_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER,
-    ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER, flatten, header, header_safe, message_id,
-    traceparent,
-};
+use crate::headers::{EVENT_TYPE_HEADER, flatten, header, message_id, traceparent};
 
 /// What a delivery holds while its transaction runs: one of `max_in_flight` slots and its
 /// pull credit.
 pub(super) type Lease = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 
 impl ConsumerRuntime {
+    /// Handles one delivery start to finish and settles it with the broker.
+    /// `lease` (its `max_in_flight` slot and its pull credit) is given back once the
+    /// transaction is over, before the broker is told: the next delivery's transaction, and the
+    /// next pull, overlap this one's ack round trip.
+    pub(super) async fn settle(&self, msg: jetstream::Message, lease: Lease) {
+        let (mut delivery, read) = self.prepare(msg);
+        let span = delivery.span.clone();
+        async {
+            let Some(mut message) = self.admit(&delivery, read).await else {
+                return;
+            };
+            // Ordered consumers retry a retryable failure in place (the key waits); the others
+            // nak it and the broker redelivers later. Each pass is one delivery attempt.
+            loop {
+                message.delivery_attempt = delivery.attempt;
+                // One version from here to the ack: a swap meanwhile affects only later deliveries.
+                let active = self.plugin.start_delivery();
+                tracing::Span::current().record("plugin", active.version.digest.as_str());
+                let processed = self.with_progress(&[&delivery.msg], self.claimer.process(active.handler.as_ref(), &message)).await;
+                self.record(&message, &processed);
+                match &processed.outcome {
+                    Outcome::RetryableFailure(reason) if delivery.attempt < self.config.max_deliver && self.ordering.is_some() => {
+                        let delay = self.config.backoff_for(delivery.attempt);
+                        warn!(outcome = "retryable_failure", %reason, ?delay, "delivery failed; retried in place, its ordering key waits");
+                        self.with_progress(&[&delivery.msg], tokio::time::sleep(delay)).await;
+                        delivery.attempt += 1;
+                        tracing::Span::current().record("attempt", delivery.attempt);
+                        self.metrics.started(delivery.attempt);
+                    }
+                    _ => {
+                        drop(lease);
+                        return self.conclude(&delivery, &message, &processed).await;
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
     /// Group commit: handles `group` in one transaction (see [`Claimer::process_batch`]) on the
     /// transaction `slot` it was given, and settles each delivery with the broker after the
     /// commit, as `settle` would have.
@@ -37,20 +73,11 @@ impl ConsumerRuntime {
         let (pulled, credits): (Vec<_>, Vec<_>) = group.into_iter().unzip();
         let mut ready = Vec::with_capacity(pulled.len());
         let mut messages = Vec::with_capacity(pulled.len());
-        for msg in &pulled {
-            let Prepared {
-                attempt,
-                stream_seq,
-                stored_ns,
-                span,
-                checked,
-            } = self.prepare(msg);
-            let checked = self
-                .admit(msg, checked, stream_seq, attempt)
-                .instrument(span.clone())
-                .await;
-            if let Some(message) = checked {
-                ready.push((msg, span, attempt, stream_seq, stored_ns));
+        for msg in pulled {
+            let (delivery, read) = self.prepare(msg);
+            let span = delivery.span.clone();
+            if let Some(message) = self.admit(&delivery, read).instrument(span).await {
+                ready.push(delivery);
                 messages.push(message);
             }
         }
@@ -58,7 +85,7 @@ impl ConsumerRuntime {
             return;
         }
         let active = self.plugin.start_delivery();
-        let refs: Vec<&jetstream::Message> = ready.iter().map(|r| r.0).collect();
+        let refs: Vec<&jetstream::Message> = ready.iter().map(|d| &d.msg).collect();
         let results = self
             .with_progress(
                 &refs,
@@ -77,76 +104,29 @@ impl ConsumerRuntime {
         drop(credits);
         let size = messages.len();
         let this = &*self;
-        let settled = ready.iter().zip(&messages).zip(&results).map(
-            |((&(msg, ref span, attempt, stream_seq, stored_ns), message), processed)| {
-                let digest = active.version.digest.as_str();
-                async move {
-                    let current = tracing::Span::current();
-                    current.record("plugin", digest);
-                    current.record("batch", size);
-                    this.record(message, processed);
-                    let delivery = Settled {
-                        msg,
-                        message,
-                        attempt,
-                        stream_seq,
-                        stored_ns,
-                    };
-                    this.conclude(delivery, processed).await;
-                }
-                .instrument(span.clone())
-            },
-        );
+        let settled =
+            ready
+                .iter()
+                .zip(&messages)
+                .zip(&results)
+                .map(|((delivery, message), processed)| {
+                    let digest = active.version.digest.as_str();
+                    async move {
+                        let current = tracing::Span::current();
+                        current.record("plugin", digest);
+                        current.record("batch", size);
+                        this.record(message, processed);
+                        this.conclude(delivery, message, processed).await;
+                    }
+                    .instrument(delivery.span.clone())
+                });
         futures::future::join_all(settled).await;
     }
 
-    /// Handles one delivery start to finish and settles it with the broker.
-    /// `lease` (its `max_in_flight` slot and its pull credit) is given back once the
-    /// transaction is over, before the broker is told: the next delivery's transaction, and the
-    /// next pull, overlap this one's ack round trip.
-    pub(super) async fn settle(&self, msg: jetstream::Message, lease: Lease) {
-        let prepared = self.prepare(&msg);
-        let span = prepared.span.clone();
-        async {
-            let mut message = match self.admit(&msg, prepared.checked, prepared.stream_seq, prepared.attempt).await {
-                Some(m) => m,
-                None => return,
-            };
-            let mut attempt = prepared.attempt;
-            // Ordered consumers retry a retryable failure in place (the key waits); the others
-            // nak it and the broker redelivers later. Each pass is one delivery attempt.
-            loop {
-                message.delivery_attempt = attempt;
-                // One version from here to the ack: a swap meanwhile affects only later deliveries.
-                let active = self.plugin.start_delivery();
-                tracing::Span::current().record("plugin", active.version.digest.as_str());
-                let processed = self.with_progress(&[&msg], self.claimer.process(active.handler.as_ref(), &message)).await;
-                self.record(&message, &processed);
-                match &processed.outcome {
-                    Outcome::RetryableFailure(reason) if attempt < self.config.max_deliver && self.ordering.is_some() => {
-                        let delay = self.config.backoff_for(attempt);
-                        warn!(outcome = "retryable_failure", %reason, ?delay, "delivery failed; retried in place, its ordering key waits");
-                        self.with_progress(&[&msg], tokio::time::sleep(delay)).await;
-                        attempt += 1;
-                        tracing::Span::current().record("attempt", attempt);
-                        self.metrics.started(attempt);
-                    }
-                    _ => {
-                        drop(lease);
-                        let delivery = Settled { msg: &msg, message: &message, attempt, stream_seq: prepared.stream_seq, stored_ns: prepared.stored_ns };
-                        return self.conclude(delivery, &processed).await;
-                    }
-                }
-            }
-        }
-        .instrument(span)
-        .await
-    }
-
     /// Reads what a delivery carries — attempt, stream sequence, id, event type, trace context
-    /// — opens its span, and checks it can be handled at all (a valid id, a payload within
-    /// `max_payload`).
-    fn prepare(&self, msg: &jetstream::Message) -> Prepared {
+    /// — opens its span, and reads the message the handler gets, or why it cannot be handled
+    /// at all (an invalid id, a payload over `max_payload`).
+    fn prepare(&self, msg: jetstream::Message) -> (Delivery, Result<Message, Refused>) {
         let (attempt, stream_seq, stored_ns) = match msg.info() {
             Ok(info) => (
                 u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
@@ -191,7 +171,7 @@ impl ConsumerRuntime {
             span.record("payload_bytes", msg.message.payload.len());
             span.record("payload_sha256", format!("{digest:x}"));
         }
-        let checked = read_message(
+        let read = read_message(
             &self.config,
             id,
             event_type,
@@ -200,37 +180,31 @@ impl ConsumerRuntime {
             msg.message.payload.clone(),
             attempt,
         );
-        Prepared {
+        let delivery = Delivery {
+            msg,
             attempt,
             stream_seq,
             stored_ns,
             span,
-            checked,
-        }
+        };
+        (delivery, read)
     }
 
     /// The message to handle, or `None` when it was refused before any transaction (then it
     /// is dead-lettered here). Runs inside the delivery's span.
-    async fn admit(
-        &self,
-        msg: &jetstream::Message,
-        checked: Result<Message, Refused>,
-        stream_seq: u64,
-        attempt: u32,
-    ) -> Option<Message> {
-        match checked {
+    async fn admit(&self, d: &Delivery, read: Result<Message, Refused>) -> Option<Message> {
+        match read {
             Ok(message) => Some(message),
             Err(Refused {
                 id,
                 event_type,
                 reason,
             }) => {
-                let event = event_type.unwrap_or_else(|| msg.message.subject.to_string());
+                let event = event_type.unwrap_or_else(|| d.msg.message.subject.to_string());
                 self.metrics.settled(&event, "terminal_failure", None);
                 tracing::Span::current().record("outcome", "terminal_failure");
                 warn!(outcome = "terminal_failure", %reason, "delivery refused");
-                self.dead_letter(msg, id.as_deref(), stream_seq, &reason, attempt)
-                    .await;
+                self.dead_letter(d, id.as_deref(), &reason).await;
                 None
             }
         }
@@ -256,12 +230,12 @@ impl ConsumerRuntime {
 
     /// Settles a processed delivery with the broker: ack after a commit, nak with backoff
     /// after a retryable failure, dead-letter after a terminal one or the last attempt.
-    async fn conclude(&self, d: Settled<'_>, processed: &Processed) {
+    async fn conclude(&self, d: &Delivery, message: &Message, processed: &Processed) {
         let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
         match &processed.outcome {
             Outcome::Applied | Outcome::Duplicate => {
                 failpoint::hit("after_commit_before_ack");
-                match self.confirmed(d.msg, AckKind::Ack).await {
+                match self.confirmed(&d.msg, AckKind::Ack).await {
                     Ok(()) => {
                         if let Some(stored) = d.stored_ns {
                             self.metrics.acked(crate::clock::age_of(stored));
@@ -297,13 +271,11 @@ impl ConsumerRuntime {
                     d.attempt, self.config.max_deliver
                 );
                 warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
-                self.dead_letter(d.msg, Some(&d.message.id), d.stream_seq, &reason, d.attempt)
-                    .await;
+                self.dead_letter(d, Some(&message.id), &reason).await;
             }
             Outcome::TerminalFailure(reason) => {
                 warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
-                self.dead_letter(d.msg, Some(&d.message.id), d.stream_seq, reason, d.attempt)
-                    .await;
+                self.dead_letter(d, Some(&message.id), reason).await;
             }
         }
     }
@@ -311,7 +283,7 @@ impl ConsumerRuntime {
     /// Sends `kind` and waits for the server's confirmation (JetStream's "double ack"), as a
     /// request through the client's shared reply inbox: one round trip, no subscription per
     /// ack. Bounded by `nats.request_timeout`.
-    async fn confirmed(
+    pub(super) async fn confirmed(
         &self,
         msg: &jetstream::Message,
         kind: AckKind,
@@ -341,100 +313,17 @@ impl ConsumerRuntime {
             }
         }
     }
-
-    /// Publishes the message to the dead-letter subject — original headers and payload, the
-    /// original id in `Idemhost-Message-Id` (what a replay is processed under), plus the
-    /// reason — and, once JetStream stored it, terminates the delivery. If the publish fails
-    /// the delivery is nak'ed instead, so nothing is lost.
-    ///
-    /// The dead letter's broker-level `Nats-Msg-Id` is `<consumer>/<id>/<stream seq>` (or
-    /// `<consumer>/seq-<n>` without a valid id): a stream that already saw the original id (the
-    /// same stream, or one shared by several consumers' dead letters) would otherwise drop it
-    /// as a duplicate, and a replayed copy (a new stream sequence) that fails again must not
-    /// be taken for the first dead letter; a second dead-lettering of the same stored message
-    /// is still absorbed.
-    pub(super) async fn dead_letter(
-        &self,
-        msg: &jetstream::Message,
-        id: Option<&str>,
-        stream_seq: u64,
-        reason: &str,
-        attempt: u32,
-    ) {
-        let letter = DeadLetterMessage {
-            headers: msg.message.headers.clone().unwrap_or_default(),
-            id,
-            stream_seq,
-            reason,
-            attempt,
-            subject: msg.message.subject.as_str(),
-            payload: msg.message.payload.clone(),
-        };
-        match self.publish_dead_letter(letter).await {
-            Ok(()) => {
-                self.metrics.dead_lettered();
-                if let Err(e) = self.confirmed(msg, AckKind::Term).await {
-                    warn!(error = %e, "term not confirmed after dead-lettering; a redelivery may be dead-lettered again");
-                }
-            }
-            Err(e) => {
-                error!(error = %e, "dead-letter publish failed; nak instead");
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(self.config.backoff_for(attempt))))
-                    .await;
-            }
-        }
-    }
-
-    /// Publishes a dead letter and waits until JetStream stored it.
-    pub(super) async fn publish_dead_letter(
-        &self,
-        letter: DeadLetterMessage<'_>,
-    ) -> Result<(), async_nats::Error> {
-        let DeadLetterMessage {
-            mut headers,
-            id,
-            stream_seq,
-            reason,
-            attempt,
-            subject: original_subject,
-            payload,
-        } = letter;
-        let broker_id = match id {
-            Some(id) => {
-                headers.insert(REPLAY_ID_HEADER, id);
-                format!("{}/{id}/{stream_seq}", self.config.name)
-            }
-            None => format!("{}/seq-{stream_seq}", self.config.name),
-        };
-        headers.insert("Nats-Msg-Id", broker_id.as_str());
-        headers.insert(FAILURE_REASON_HEADER, header_safe(reason).as_str());
-        headers.insert(FAILED_CONSUMER_HEADER, self.config.name.as_str());
-        headers.insert(ORIGINAL_SUBJECT_HEADER, original_subject);
-        headers.insert(DELIVERY_ATTEMPT_HEADER, attempt.to_string().as_str());
-        let subject = self.config.dead_letter_subject();
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), headers, payload)
-            .await?
-            .await?;
-        if ack.duplicate {
-            info!(dead_letter_subject = %subject, "already dead-lettered");
-        } else {
-            info!(dead_letter_subject = %subject, "dead-lettered");
-        }
-        Ok(())
-    }
 }
 
-/// A delivery as read by `prepare`.
-struct Prepared {
-    attempt: u32,
-    stream_seq: u64,
-    stored_ns: Option<i128>,
-    span: tracing::Span,
-    /// The message for the handler, or (its id if valid, why it is refused).
-    checked: Result<Message, Refused>,
+/// One delivery from pull to ack: the broker's message, what `prepare` read from it — the
+/// attempt (an ordered consumer's retry in place advances it), its place in the stream, when
+/// the stream stored it — and the span its log lines go to.
+pub(super) struct Delivery {
+    pub(super) msg: jetstream::Message,
+    pub(super) attempt: u32,
+    pub(super) stream_seq: u64,
+    pub(super) stored_ns: Option<i128>,
+    pub(super) span: tracing::Span,
 }
 
 /// Why a delivery is refused before any transaction, with its valid id (if any) and event
@@ -484,28 +373,6 @@ pub(crate) fn read_message(
             reason,
         }),
     }
-}
-
-/// A processed delivery about to be settled with the broker.
-struct Settled<'a> {
-    msg: &'a jetstream::Message,
-    message: &'a Message,
-    attempt: u32,
-    stream_seq: u64,
-    stored_ns: Option<i128>,
-}
-
-/// A message on its way to the dead-letter subject: its original headers (to which the reason,
-/// consumer, original subject and attempt are added), id and stream sequence (which make its
-/// broker-level id) and payload.
-pub(super) struct DeadLetterMessage<'a> {
-    pub(super) headers: async_nats::HeaderMap,
-    pub(super) id: Option<&'a str>,
-    pub(super) stream_seq: u64,
-    pub(super) reason: &'a str,
-    pub(super) attempt: u32,
-    pub(super) subject: &'a str,
-    pub(super) payload: bytes::Bytes,
 }
 
 /// Tells JetStream each of `msgs` is in progress (its `ack_wait` starts over).
