@@ -34,7 +34,7 @@ const PG_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Whether the host is ready to consume: the host sets it once every consumer is bound and
 /// clears it at shutdown; `/readyz` also checks the live connections.
 #[derive(Clone, Default)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     bound: Arc<AtomicBool>,
     deps: Arc<OnceLock<(async_nats::Client, sqlx::PgPool)>>,
     /// The plugins `/plugins` lists and deploys swap, once loaded.
@@ -44,31 +44,31 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    pub fn set(&self, ready: bool) {
+    pub(crate) fn set(&self, ready: bool) {
         self.bound.store(ready, Ordering::SeqCst);
     }
 
-    pub fn get(&self) -> bool {
+    pub(crate) fn get(&self) -> bool {
         self.bound.load(Ordering::SeqCst)
     }
 
     /// The connections `/readyz` checks on every request.
-    pub fn watch(&self, nats: async_nats::Client, pool: sqlx::PgPool) {
+    pub(crate) fn watch(&self, nats: async_nats::Client, pool: sqlx::PgPool) {
         let _ = self.deps.set((nats, pool));
     }
 
     /// The plugin registry `/plugins` serves.
-    pub fn set_registry(&self, registry: Arc<Plugins>) {
+    pub(crate) fn set_registry(&self, registry: Arc<Plugins>) {
         let _ = self.registry.set(registry);
     }
 
     /// The metrics `/metrics` exposes.
-    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+    pub(crate) fn set_metrics(&self, metrics: Arc<Metrics>) {
         let _ = self.metrics.set(metrics);
     }
 
     /// `Ok` when ready, else why not.
-    pub async fn check(&self) -> Result<(), &'static str> {
+    pub(crate) async fn check(&self) -> Result<(), &'static str> {
         if !self.get() {
             return Err("consumers not bound (starting or stopping)");
         }
@@ -95,7 +95,7 @@ impl Readiness {
 }
 
 /// The running endpoint; dropping it stops serving (also when start-up fails later on).
-pub struct AdminServer(tokio::task::JoinHandle<()>);
+pub(crate) struct AdminServer(tokio::task::JoinHandle<()>);
 
 impl Drop for AdminServer {
     fn drop(&mut self) {
@@ -131,7 +131,7 @@ const MAX_HEAD_BYTES: usize = 16 << 10;
 /// `Expect: 100-continue` is answered without being asked for the body); the body is read only
 /// up to `admin.max_upload`. Unknown paths answer 404, known paths with another method 405 with
 /// `Allow`.
-pub async fn serve(
+pub(crate) async fn serve(
     listen: &str,
     config: &AdminConfig,
     readiness: Readiness,

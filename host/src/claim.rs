@@ -18,7 +18,7 @@ use crate::outbox::Origin;
 use crate::pg::{self, Connections, FailureKind, Tx, Wall};
 use crate::tx_handle::{Deadline, TxHandle};
 
-pub use crate::outcome::{Outcome, Processed, Rollback};
+pub(crate) use crate::outcome::{Outcome, Processed, Rollback};
 
 /// The pattern's claim statement, verbatim: one row back means this transaction owns the
 /// message, none means a committed duplicate. The host runs it inside the `SECURITY DEFINER`

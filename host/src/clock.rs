@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Time since `unix_ns` (nanoseconds since the epoch); zero if it is in the future.
-pub fn age_of(unix_ns: i128) -> Duration {
+pub(crate) fn age_of(unix_ns: i128) -> Duration {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128);

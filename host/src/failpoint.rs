@@ -9,7 +9,7 @@
 /// Whether `name` is the selected failpoint. Besides the crash points, `ungated` turns the
 /// SQL gate off, so the plugin-wall tests can show what PostgreSQL's walls hold on their own.
 #[cfg(feature = "failpoints")]
-pub fn selected(name: &str) -> bool {
+pub(crate) fn selected(name: &str) -> bool {
     use std::sync::OnceLock;
     static SELECTED: OnceLock<Option<String>> = OnceLock::new();
     let selected = SELECTED.get_or_init(|| std::env::var("IDEMHOST_FAILPOINT").ok());
@@ -19,13 +19,13 @@ pub fn selected(name: &str) -> bool {
 /// Failpoints are compiled out of this build.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn selected(_name: &str) -> bool {
+pub(crate) fn selected(_name: &str) -> bool {
     false
 }
 
 /// Kills the process with SIGKILL if `name` is the selected failpoint.
 #[cfg(feature = "failpoints")]
-pub fn hit(name: &str) {
+pub(crate) fn hit(name: &str) {
     if selected(name) {
         eprintln!("idemhost: failpoint {name} reached, killing the process");
         // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
@@ -38,4 +38,4 @@ pub fn hit(name: &str) {
 /// Failpoints are compiled out of this build.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_name: &str) {}
+pub(crate) fn hit(_name: &str) {}

@@ -33,6 +33,9 @@
 //!   `rehearsal`, `telemetry`.
 
 #![warn(missing_docs)]
+// Everything not in the API is `pub(crate)`; checked where the hidden `test_support` exists,
+// since without it the items it re-exports are crate-private in fact.
+#![cfg_attr(feature = "test-support", warn(unreachable_pub))]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod admin;

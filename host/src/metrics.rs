@@ -21,7 +21,7 @@ use crate::outcome::{Processed, Rollback};
 
 /// A claim slower than this counts in `idemhost_slow_claims_total`: it waited on a competing
 /// delivery of the same message id (or on a busy database).
-pub const SLOW_CLAIM: Duration = Duration::from_millis(100);
+pub(crate) const SLOW_CLAIM: Duration = Duration::from_millis(100);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConsumerLabels {
@@ -488,9 +488,9 @@ pub struct EventTypeLabels {
 }
 
 /// The `event_type` label of every value past the bound.
-pub const OTHER_EVENT_TYPE: &str = "other";
+pub(crate) const OTHER_EVENT_TYPE: &str = "other";
 /// The longest `event_type` label value kept as itself.
-pub const MAX_LABEL_BYTES: usize = 64;
+pub(crate) const MAX_LABEL_BYTES: usize = 64;
 
 impl EventTypeLabels {
     /// `allowed` non-empty: those values only; else the first `max` distinct values.

@@ -19,7 +19,7 @@ use tracing_subscriber::registry::LookupSpan;
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
 /// Whether the environment names a collector.
-pub fn configured() -> bool {
+pub(crate) fn configured() -> bool {
     [
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -30,7 +30,7 @@ pub fn configured() -> bool {
 
 /// The layer exporting spans, when a collector is configured. The exporter's blocking HTTP
 /// client is built on a thread of its own (it may not be created inside the async runtime).
-pub fn layer<S>() -> Option<OpenTelemetryLayer<S, Tracer>>
+pub(crate) fn layer<S>() -> Option<OpenTelemetryLayer<S, Tracer>>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -68,7 +68,7 @@ where
 }
 
 /// Exports what is still buffered; called once before the process exits.
-pub fn shutdown() {
+pub(crate) fn shutdown() {
     if let Some(p) = PROVIDER.get()
         && let Err(e) = p.shutdown_with_timeout(Duration::from_secs(5))
     {
@@ -92,7 +92,7 @@ impl Extractor for Headers<'_> {
 }
 
 /// Makes `span` a child of the message's `traceparent` (if valid).
-pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
+pub(crate) fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     if headers.get("traceparent").is_none() {
         return;
     }

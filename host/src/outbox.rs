@@ -15,9 +15,9 @@ use crate::pg::{Tx, Wall};
 use crate::subjects::{check_subject, subject_matches};
 
 /// Events one delivery may publish.
-pub const MAX_EVENTS_PER_DELIVERY: u32 = 1000;
+pub(crate) const MAX_EVENTS_PER_DELIVERY: u32 = 1000;
 /// Largest event payload (NATS's default `max_payload`).
-pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+pub(crate) const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 const MAX_HEADERS: usize = 64;
 const MAX_HEADER_NAME_BYTES: usize = 128;
@@ -28,7 +28,7 @@ const PROPAGATED: [&str; 2] = ["traceparent", "tracestate"];
 /// What an event published during one delivery derives from: the consumer and message it
 /// belongs to, and the trace context headers of that message.
 #[derive(Debug, Clone, Default)]
-pub struct Origin {
+pub(crate) struct Origin {
     pub consumer: String,
     pub message_id: String,
     pub trace: Vec<(String, String)>,
@@ -39,7 +39,7 @@ pub struct Origin {
 
 impl Origin {
     /// The origin of events published while `consumer` handles a message with these headers.
-    pub fn new(consumer: &str, message_id: &str, headers: &[(String, String)]) -> Self {
+    pub(crate) fn new(consumer: &str, message_id: &str, headers: &[(String, String)]) -> Self {
         Origin {
             consumer: consumer.to_string(),
             message_id: message_id.to_string(),
@@ -53,7 +53,7 @@ impl Origin {
     }
 
     /// The same origin, for a handler allowed to publish to `patterns`.
-    pub fn allowing(self, patterns: Arc<[String]>) -> Self {
+    pub(crate) fn allowing(self, patterns: Arc<[String]>) -> Self {
         Origin {
             allowed_subjects: patterns,
             ..self
@@ -62,13 +62,13 @@ impl Origin {
 }
 
 /// The broker id of event `seq` of `origin`.
-pub fn event_id(consumer: &str, source_message_id: &str, seq: i32) -> String {
+pub(crate) fn event_id(consumer: &str, source_message_id: &str, seq: i32) -> String {
     format!("{consumer}/{source_message_id}/{seq}")
 }
 
 /// Checks a handler's event and returns the headers it is published with: the handler's, plus
 /// the causation id and the source's trace context (unless the handler set its own).
-pub fn event_headers(
+pub(crate) fn event_headers(
     origin: &Origin,
     subject: &str,
     headers: &[(String, String)],
@@ -125,7 +125,7 @@ pub fn event_headers(
 
 /// Writes event `seq` of `origin` in `tx`, through the host's function (the plugin's role has
 /// no right on `outbox_message`).
-pub async fn insert(
+pub(crate) async fn insert(
     tx: &mut Tx,
     wall: &Wall,
     origin: &Origin,

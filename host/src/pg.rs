@@ -11,10 +11,10 @@ use tracing::debug;
 use crate::config::PostgresConfig;
 pub(crate) use crate::config::postgres_url::{redact_url, redact_urls};
 
-pub mod failover;
+pub(crate) mod failover;
 mod tx;
 pub mod wall;
-pub use failover::Failover;
+pub(crate) use failover::Failover;
 pub(crate) use tx::last_flag;
 #[cfg(feature = "test-support")]
 pub use tx::session_failed;
@@ -23,7 +23,7 @@ pub use wall::Wall;
 
 /// What to do about a failed database operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
+pub(crate) enum FailureKind {
     /// Serialization failure or deadlock: run the whole transaction again (claim included).
     RetryTransaction,
     /// Transient (connection lost, timeout, server shutting down, resources, schema not there
@@ -37,7 +37,7 @@ pub enum FailureKind {
 /// terminal; 40001 and 40P01 retry the transaction; everything else — including syntax and
 /// undefined-object errors, which a plugin or migration fix cures — is retryable, so messages
 /// wait for the fix rather than going to the dead-letter subject at once.
-pub fn classify(error: &sqlx::Error) -> FailureKind {
+pub(crate) fn classify(error: &sqlx::Error) -> FailureKind {
     match error {
         sqlx::Error::Database(db) => classify_sqlstate(db.code().as_deref().unwrap_or("")),
         _ => FailureKind::Retryable,
@@ -45,7 +45,7 @@ pub fn classify(error: &sqlx::Error) -> FailureKind {
 }
 
 /// Classifies a SQLSTATE code (see [`classify`]).
-pub fn classify_sqlstate(code: &str) -> FailureKind {
+pub(crate) fn classify_sqlstate(code: &str) -> FailureKind {
     match code {
         "40001" | "40P01" => FailureKind::RetryTransaction,
         c if c.starts_with("23") || c.starts_with("22") => FailureKind::Terminal,
@@ -56,7 +56,7 @@ pub fn classify_sqlstate(code: &str) -> FailureKind {
 /// Whether `error` is `lock_not_available` (55P03): a lock wait outlasted `lock_timeout`, or a
 /// `NOWAIT` found the lock taken. A group-commit transaction waits on locks only that long (see
 /// [`Wall::begin_group_sql`]); past it the group is sent back one delivery at a time.
-pub fn lock_not_available(error: &sqlx::Error) -> bool {
+pub(crate) fn lock_not_available(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
@@ -94,7 +94,7 @@ pub async fn connect(config: &PostgresConfig, max_connections: u32) -> anyhow::R
 
 /// [`connect`], and the [`Failover`] that keeps the pool (and the pools it is given to follow)
 /// on the server `postgres.url` asks for.
-pub async fn connect_following(
+pub(crate) async fn connect_following(
     config: &PostgresConfig,
     max_connections: u32,
 ) -> anyhow::Result<(PgPool, std::sync::Arc<Failover>)> {
@@ -115,7 +115,7 @@ pub async fn connect_following(
 /// is an advisory lock under a key derived from the database's name, which any session — a
 /// plugin's included — can take and hold for as long as its transaction lasts, stalling every
 /// host's start-up on that database. [`migrate`] locks the migrations table instead.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
+pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     locking: false,
     ..sqlx::migrate!("../migrations")
 };

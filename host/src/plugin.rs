@@ -6,7 +6,7 @@
 
 mod cache;
 mod imports;
-pub mod world;
+pub(crate) mod world;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use wasmtime::{
 };
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-pub use crate::handler::PluginTimings;
+pub(crate) use crate::handler::PluginTimings;
 use crate::handler::{HandleFuture, Handler, HandlerError, Message};
 use crate::tx_handle::TxHandle;
 
@@ -313,7 +313,7 @@ enum Driver {
 }
 
 /// Everything one plugin instance can reach.
-pub struct PluginState {
+pub(crate) struct PluginState {
     table: ResourceTable,
     wasi: WasiCtx,
     limiter: BudgetLimiter,

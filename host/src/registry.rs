@@ -10,8 +10,8 @@
 //! on) *before* it becomes current; a refused component leaves the old one serving.
 
 mod scrape;
-pub mod store;
-pub mod watch;
+pub(crate) mod store;
+pub(crate) mod watch;
 
 pub(crate) use scrape::PluginCollector;
 
@@ -30,7 +30,7 @@ use crate::plugin::{PluginLimits, PluginRuntime};
 
 /// One version of a consumer's handler, as `/plugins` shows it.
 #[derive(Debug)]
-pub struct Version {
+pub(crate) struct Version {
     /// `sha256:<hex>` of the component (`native:<name>` for a native handler).
     pub digest: String,
     /// Where it came from: `file:<path>`, `api`, `nats:<bucket>`, `rollback`, `native`.
@@ -59,26 +59,26 @@ impl Version {
     }
 
     /// When the first delivery on this version started.
-    pub fn first_delivery(&self) -> Option<SystemTime> {
+    pub(crate) fn first_delivery(&self) -> Option<SystemTime> {
         self.first_delivery.get().copied()
     }
 
     /// Deliveries started on this version.
-    pub fn deliveries(&self) -> u64 {
+    pub(crate) fn deliveries(&self) -> u64 {
         self.deliveries.load(Ordering::Relaxed)
     }
 }
 
 /// A handler and the version it is.
 #[derive(Clone)]
-pub struct Active {
+pub(crate) struct Active {
     pub handler: Arc<dyn Handler>,
     pub version: Arc<Version>,
 }
 
 /// One consumer's handler: the current version, the one before it (kept loaded for rollback)
 /// and the recent history.
-pub struct Slot {
+pub(crate) struct Slot {
     consumer: String,
     /// `None` for a native handler, which cannot be swapped (WASM plugins always have limits,
     /// and the registry then has a runtime).
@@ -100,7 +100,7 @@ struct Refusal {
 
 impl Slot {
     /// The version a delivery starting now runs on, start to finish.
-    pub fn start_delivery(&self) -> Active {
+    pub(crate) fn start_delivery(&self) -> Active {
         let active = read(&self.current).clone();
         active.version.first_delivery.get_or_init(SystemTime::now);
         active.version.deliveries.fetch_add(1, Ordering::Relaxed);
@@ -108,16 +108,16 @@ impl Slot {
     }
 
     /// The current version, without counting a delivery.
-    pub fn current(&self) -> Arc<Version> {
+    pub(crate) fn current(&self) -> Arc<Version> {
         read(&self.current).version.clone()
     }
 
     /// The current handler and version, without counting a delivery.
-    pub fn current_active(&self) -> Active {
+    pub(crate) fn current_active(&self) -> Active {
         read(&self.current).clone()
     }
 
-    pub fn consumer(&self) -> &str {
+    pub(crate) fn consumer(&self) -> &str {
         &self.consumer
     }
 
@@ -147,7 +147,7 @@ impl Slot {
 
 /// Why a swap did not happen.
 #[derive(Debug, thiserror::Error)]
-pub enum DeployError {
+pub(crate) enum DeployError {
     #[error(
         "no consumer named {0} in this host; a new consumer name is not a hot swap but a \
          replay of everything its stream still holds — add it to the config deliberately"
@@ -163,7 +163,7 @@ pub enum DeployError {
 
 /// What a deploy did.
 #[derive(Debug, Clone)]
-pub struct Deployed {
+pub(crate) struct Deployed {
     pub version: Arc<Version>,
     /// The digest that was current before (equal to the new one when nothing changed).
     pub replaced: String,
@@ -172,14 +172,14 @@ pub struct Deployed {
 }
 
 /// Every consumer's slot, and the runtime that loads new versions.
-pub struct Plugins {
+pub(crate) struct Plugins {
     runtime: Option<Arc<PluginRuntime>>,
     slots: BTreeMap<String, Arc<Slot>>,
     history: usize,
 }
 
 impl Plugins {
-    pub fn new(runtime: Option<Arc<PluginRuntime>>, history: usize) -> Self {
+    pub(crate) fn new(runtime: Option<Arc<PluginRuntime>>, history: usize) -> Self {
         Plugins {
             runtime,
             slots: BTreeMap::new(),
@@ -188,7 +188,7 @@ impl Plugins {
     }
 
     /// Adds a consumer running `handler` (first version, from `source`).
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         consumer: &str,
         handler: Arc<dyn Handler>,
@@ -217,18 +217,18 @@ impl Plugins {
         slot
     }
 
-    pub fn slot(&self, consumer: &str) -> Option<&Arc<Slot>> {
+    pub(crate) fn slot(&self, consumer: &str) -> Option<&Arc<Slot>> {
         self.slots.get(consumer)
     }
 
-    pub fn consumers(&self) -> impl Iterator<Item = &Arc<Slot>> {
+    pub(crate) fn consumers(&self) -> impl Iterator<Item = &Arc<Slot>> {
         self.slots.values()
     }
 
     /// Makes `bytes` the current version of `consumer` once it compiled, fits the world and
     /// instantiated; deliveries keep running on the old version meanwhile. The same bytes as
     /// the current version are a no-op.
-    pub async fn deploy(
+    pub(crate) async fn deploy(
         &self,
         consumer: &str,
         bytes: Vec<u8>,
@@ -285,7 +285,7 @@ impl Plugins {
 
     /// Makes the version before the current one current again (itself a swap: rolling back
     /// twice returns to where it started).
-    pub async fn rollback(&self, consumer: &str) -> Result<Deployed, DeployError> {
+    pub(crate) async fn rollback(&self, consumer: &str) -> Result<Deployed, DeployError> {
         let requested_at = SystemTime::now();
         let slot = self
             .slots
@@ -322,7 +322,7 @@ impl Plugins {
 
     /// Every consumer's current version, the previous digest and the history (newest first),
     /// as `GET /plugins` serves it.
-    pub fn report(&self) -> PluginsReport {
+    pub(crate) fn report(&self) -> PluginsReport {
         let consumers = self
             .slots
             .values()
@@ -347,12 +347,12 @@ impl Plugins {
 
 /// `GET /plugins`.
 #[derive(Debug, Serialize)]
-pub struct PluginsReport {
+pub(crate) struct PluginsReport {
     pub consumers: Vec<ConsumerReport>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct ConsumerReport {
+pub(crate) struct ConsumerReport {
     pub name: String,
     pub swappable: bool,
     pub current: VersionReport,
@@ -362,7 +362,7 @@ pub struct ConsumerReport {
 }
 
 #[derive(Debug, Serialize)]
-pub struct VersionReport {
+pub(crate) struct VersionReport {
     pub digest: String,
     pub source: String,
     pub requested_at: String,
@@ -376,7 +376,7 @@ pub struct VersionReport {
 }
 
 impl VersionReport {
-    pub fn of(v: &Version) -> Self {
+    pub(crate) fn of(v: &Version) -> Self {
         let first = v.first_delivery();
         VersionReport {
             digest: v.digest.clone(),

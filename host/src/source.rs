@@ -22,7 +22,7 @@ mod dead_letter;
 mod exhausted;
 mod gathering;
 mod group_limit;
-pub mod ordering;
+pub(crate) mod ordering;
 pub mod partition;
 #[cfg(test)]
 mod props;
@@ -67,7 +67,7 @@ pub async fn connect_nats(
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 /// A bound consumer: its durable pull consumer, its handler and its claim pipeline.
-pub struct ConsumerRuntime {
+pub(crate) struct ConsumerRuntime {
     pub config: ConsumerConfig,
     js: jetstream::Context,
     client: async_nats::Client,
@@ -93,7 +93,7 @@ pub struct ConsumerRuntime {
 
 /// Provisions the consumer on the broker ([`provision`]) — of `partition`, with `partitions`
 /// (see [`partition`]) — and makes its runtime.
-pub async fn bind(
+pub(crate) async fn bind(
     js: &jetstream::Context,
     config: &ConsumerConfig,
     partition: Option<u32>,
@@ -135,7 +135,7 @@ pub async fn bind(
 
 impl ConsumerRuntime {
     /// Logs each delivery's payload size and sha256 (`host.log_payload_digest`).
-    pub fn log_payload_digest(mut self, on: bool) -> Self {
+    pub(crate) fn log_payload_digest(mut self, on: bool) -> Self {
         self.log_payload_digest = on;
         self
     }
@@ -151,7 +151,7 @@ impl ConsumerRuntime {
     /// never buffers more than that. Per message nothing waits unstarted long enough to reach
     /// its ack deadline; a group's waiting deliveries are told in progress (see [`Gathering`]).
     /// Acks still on their way hold no credit; the server's `max_ack_pending` bounds them.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
+    pub(crate) async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
         let batch_max = self.config.batch_max().max(1) as usize;
         let progress_every = self.config.ack_wait.0 / 3;
         let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));

@@ -322,7 +322,7 @@ impl Encode<'_, Postgres> for Untyped {
 /// Binds plugin parameters in order (`$1`, `$2`, ...). Each variant declares its own type:
 /// int → int8, float → float8, text → text, bytes → bytea, json → jsonb, boolean → bool,
 /// null → inferred. A statement casts where a column differs (`$1::uuid`).
-pub fn bind(params: &[SqlValue]) -> Result<PgArguments, String> {
+pub(crate) fn bind(params: &[SqlValue]) -> Result<PgArguments, String> {
     let mut args = PgArguments::default();
     for (n, p) in params.iter().enumerate() {
         let added = match p {
@@ -345,7 +345,7 @@ pub fn bind(params: &[SqlValue]) -> Result<PgArguments, String> {
 
 /// Converts one result row. Types without a natural `sql-value` are refused with a hint to
 /// cast them in the query.
-pub fn row_values(row: &PgRow) -> Result<(Vec<SqlValue>, usize), String> {
+pub(crate) fn row_values(row: &PgRow) -> Result<(Vec<SqlValue>, usize), String> {
     let mut values = Vec::with_capacity(row.len());
     let mut bytes = 0usize;
     for (i, column) in row.columns().iter().enumerate() {

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 mod trace;
 
-pub use trace::{Published, Statement, StatementResult, TRACED_ROWS, Trace, Traced};
+pub use trace::{Published, Statement, StatementResult, Traced};
+pub(crate) use trace::{TRACED_ROWS, Trace};
 
 use crate::outbox::{self, Origin};
 use crate::pg::{self, FailureKind, Tx, Wall};
@@ -22,7 +23,7 @@ use crate::sql_gate::{self, SqlValue};
 
 /// The first error a handler saw, kept so the claim pipeline can classify the attempt.
 #[derive(Debug, Clone)]
-pub struct Poison {
+pub(crate) struct Poison {
     pub kind: FailureKind,
     pub reason: String,
     /// The error was a lock wait given up ([`pg::lock_not_available`]).

@@ -3,7 +3,7 @@
 
 /// Which session a server must offer to be used (`target_session_attrs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionAttrs {
+pub(crate) enum SessionAttrs {
     /// The first server that accepts a connection (libpq's default).
     Any,
     /// A server whose sessions can write: not a standby, `default_transaction_read_only` off.
@@ -14,7 +14,7 @@ pub enum SessionAttrs {
 
 /// The servers of a `postgres.url`: one URL per host, in the order given.
 #[derive(Debug, Clone)]
-pub struct Servers {
+pub(crate) struct Servers {
     urls: Vec<String>,
     hosts: Vec<(String, u16)>,
     attrs: SessionAttrs,
@@ -25,7 +25,7 @@ impl Servers {
     /// may carry `target_session_attrs` (`read-write` — the default with several servers —,
     /// `primary`, or `any` with one server; the host writes, so `read-only`, `standby` and
     /// `prefer-standby` are refused). Everything else is kept as is for each host.
-    pub fn parse(url: &str) -> anyhow::Result<Servers> {
+    pub(crate) fn parse(url: &str) -> anyhow::Result<Servers> {
         let shown = || redact_url(url);
         let (scheme, rest) = url
             .split_once("://")
@@ -98,15 +98,15 @@ impl Servers {
     }
 
     /// The URL of server `i`: its one host, without `target_session_attrs`.
-    pub fn url(&self, i: usize) -> &str {
+    pub(crate) fn url(&self, i: usize) -> &str {
         &self.urls[i]
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.urls.len()
     }
 
-    pub fn attrs(&self) -> SessionAttrs {
+    pub(crate) fn attrs(&self) -> SessionAttrs {
         self.attrs
     }
 
@@ -118,7 +118,7 @@ impl Servers {
 
     /// Whether the host must keep asking which server to use: more than one to choose from, or
     /// one that must keep offering a kind of session.
-    pub fn watched(&self) -> bool {
+    pub(crate) fn watched(&self) -> bool {
         self.len() > 1 || self.attrs != SessionAttrs::Any
     }
 }

@@ -11,7 +11,7 @@ use crate::config::ConsumerConfig;
 
 /// A consumer's state as the broker reports it.
 #[derive(Debug, Clone, Default)]
-pub struct ConsumerState {
+pub(crate) struct ConsumerState {
     /// Messages not delivered yet.
     pub pending: u64,
     /// Messages delivered and not acknowledged yet.
@@ -23,7 +23,7 @@ pub struct ConsumerState {
 /// One consumer-info request per durable (one, or one per partition), and when anything is
 /// unacknowledged, one message lookup per filter subject: the first message after the lowest
 /// ack floor.
-pub async fn consumer_state(
+pub(crate) async fn consumer_state(
     js: &jetstream::Context,
     config: &ConsumerConfig,
 ) -> anyhow::Result<ConsumerState> {
@@ -62,7 +62,7 @@ pub async fn consumer_state(
 
 /// The age of the first message at or after stream sequence `from` on any of `subjects`
 /// (all of the stream when empty); `None` when there is none.
-pub async fn oldest_from<I>(
+pub(crate) async fn oldest_from<I>(
     stream: &jetstream::stream::Stream<I>,
     subjects: &[String],
     from: u64,
@@ -88,14 +88,14 @@ pub async fn oldest_from<I>(
 }
 
 /// Whether a message lookup found nothing (as opposed to failing).
-pub fn is_no_message(e: &jetstream::stream::RawMessageError) -> bool {
+pub(crate) fn is_no_message(e: &jetstream::stream::RawMessageError) -> bool {
     use jetstream::stream::RawMessageErrorKind;
     matches!(e.kind(), RawMessageErrorKind::NoMessageFound)
 }
 
 /// The age of the oldest message `stream` holds on `subjects`, and the stream's `max_age`
 /// (zero: unlimited).
-pub async fn retention(
+pub(crate) async fn retention(
     js: &jetstream::Context,
     stream_name: &str,
     subjects: &[String],

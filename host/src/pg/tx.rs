@@ -41,7 +41,7 @@ pub struct Connections {
 
 /// The longest a connection stays kept before the pool sees it again (tests it, and applies
 /// its `max_lifetime`).
-pub const KEEP_AT_MOST: Duration = Duration::from_secs(60);
+pub(crate) const KEEP_AT_MOST: Duration = Duration::from_secs(60);
 
 /// A connection kept between transactions: since when this consumer has it, and since when
 /// it is unused.

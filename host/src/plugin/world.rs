@@ -11,7 +11,7 @@ const IDEMHOST_VERSION: &str = "0.1.";
 
 /// Every interface a plugin may import (version left out), and what it gets there. Nothing
 /// else is linked: no filesystem, sockets, HTTP or host environment.
-pub const GRANTED: &[(&str, &str)] = &[
+pub(crate) const GRANTED: &[(&str, &str)] = &[
     ("idemhost:consumer/types", "the world's types"),
     ("idemhost:consumer/database", "the lent transaction"),
     (

@@ -219,7 +219,7 @@ impl NatsStore {
     /// Follows the pointers of this host's consumers until `stop`: each change is fetched and
     /// deployed. The watch starts with the current values (already loaded: a no-op), so no
     /// change between start-up and the watch is missed; a broken watch is re-opened.
-    pub fn follow(
+    pub(crate) fn follow(
         self,
         registry: Arc<Plugins>,
         mut stop: watch::Receiver<bool>,
@@ -265,7 +265,7 @@ impl NatsStore {
     }
 
     /// Fetches and deploys `pointer` for `consumer` unless it is current already.
-    pub async fn apply(&self, registry: &Plugins, consumer: &str, pointer: &Pointer) {
+    pub(crate) async fn apply(&self, registry: &Plugins, consumer: &str, pointer: &Pointer) {
         let Some(slot) = registry.slot(consumer) else {
             return;
         };

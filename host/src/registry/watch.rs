@@ -35,7 +35,7 @@ fn identity(path: &PathBuf) -> Option<Identity> {
 }
 
 /// Watches each `(consumer, file)` until `stop` turns true.
-pub fn spawn(
+pub(crate) fn spawn(
     registry: Arc<Plugins>,
     files: Vec<(String, PathBuf)>,
     every: Duration,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use async_nats::jetstream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-pub use crate::config::KeySpec;
+pub(crate) use crate::config::KeySpec;
 
 /// Reading a key from a message (the spec itself is configuration).
 impl KeySpec {
@@ -45,11 +45,11 @@ impl KeySpec {
 
 /// A pulled message waiting for its key, with the permit it holds: its pull credit, or — once
 /// it waits behind a running delivery of its key — a place in `max_waiting`.
-pub type Queued = (jetstream::Message, OwnedSemaphorePermit);
+pub(crate) type Queued = (jetstream::Message, OwnedSemaphorePermit);
 
 /// The keys being worked on and what waits behind each.
 #[derive(Default)]
-pub struct KeyedQueues {
+pub(crate) struct KeyedQueues {
     keys: Mutex<HashMap<String, VecDeque<Queued>>>,
 }
 
@@ -58,7 +58,12 @@ impl KeyedQueues {
     /// and gives the item back for the caller to start a worker with. A queued item trades its
     /// pull credit for a permit of `waiting` when one is free (else it keeps the credit, and
     /// pulling slows down until the queues shrink).
-    pub fn enqueue(&self, key: &str, item: Queued, waiting: &Arc<Semaphore>) -> Option<Queued> {
+    pub(crate) fn enqueue(
+        &self,
+        key: &str,
+        item: Queued,
+        waiting: &Arc<Semaphore>,
+    ) -> Option<Queued> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         match keys.get_mut(key) {
             Some(queue) => {
@@ -81,7 +86,7 @@ impl KeyedQueues {
     }
 
     /// The next item of `key`, or `None` after marking the key idle.
-    pub fn next(&self, key: &str) -> Option<Queued> {
+    pub(crate) fn next(&self, key: &str) -> Option<Queued> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let next = keys.get_mut(key).and_then(VecDeque::pop_front);
         if next.is_none() {
@@ -92,7 +97,7 @@ impl KeyedQueues {
 
     /// The reply subjects of every message waiting behind a running delivery of its key: where
     /// their in-progress acks go.
-    pub fn waiting_replies(&self) -> Vec<async_nats::Subject> {
+    pub(crate) fn waiting_replies(&self) -> Vec<async_nats::Subject> {
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         keys.values()
             .flatten()

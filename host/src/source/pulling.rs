@@ -28,7 +28,7 @@ use super::partition::{GROUP, Pin};
 /// `pin`'s id, for a partition): the messages the server sends for it, ending when it has sent
 /// `batch`, ended the request (timeout, no messages, pin mismatch) or `expires` (and a margin)
 /// passed. A reply that ends the request because the consumer is gone is an error.
-pub async fn pull(
+pub(crate) async fn pull(
     js: &jetstream::Context,
     stream: &str,
     durable: &str,

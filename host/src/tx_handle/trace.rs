@@ -9,20 +9,20 @@ use std::time::Duration;
 use crate::sql_gate::SqlValue;
 
 /// Rows of a query's result kept in the trace; the count says how many there were.
-pub const TRACED_ROWS: usize = 20;
+pub(crate) const TRACED_ROWS: usize = 20;
 /// Statements and publishes kept; the rest are counted. A plugin is hostile to the developer's
 /// terminal and memory too: it may run statements with large parameters in a loop until its
 /// deadline.
-pub const TRACED_STATEMENTS: usize = 1000;
-pub const TRACED_PUBLISHES: usize = 100;
+pub(crate) const TRACED_STATEMENTS: usize = 1000;
+pub(crate) const TRACED_PUBLISHES: usize = 100;
 /// Bytes of one text kept (SQL, a parameter, a cell, a payload, a subject, a header, an error).
-pub const TRACED_VALUE_BYTES: usize = 4096;
+pub(crate) const TRACED_VALUE_BYTES: usize = 4096;
 /// Parameters of one statement, and headers of one event, kept.
-pub const TRACED_ITEMS: usize = 100;
+pub(crate) const TRACED_ITEMS: usize = 100;
 
 /// The record of one delivery, filled in as it runs.
 #[derive(Debug, Default)]
-pub struct Trace {
+pub(crate) struct Trace {
     inner: Mutex<Traced>,
 }
 
@@ -184,7 +184,7 @@ impl Trace {
     }
 
     /// A copy of what was recorded so far.
-    pub fn snapshot(&self) -> Traced {
+    pub(crate) fn snapshot(&self) -> Traced {
         self.with(|t| t.clone())
     }
 }
