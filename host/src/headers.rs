@@ -14,6 +14,9 @@ pub const NATS_MSG_ID_HEADER: &str = "Nats-Msg-Id";
 pub const REPLAY_ID_HEADER: &str = "Idemhost-Message-Id";
 /// Header naming the event type (else the subject is used).
 pub const EVENT_TYPE_HEADER: &str = "Idemhost-Event-Type";
+/// The header a producer conventionally puts a per-key ordering key in (`ordering.key =
+/// "header:Idemhost-Ordering-Key"`); a plugin may set it on the events it publishes.
+pub const ORDERING_KEY_HEADER: &str = "Idemhost-Ordering-Key";
 /// A dead letter's failure reason (one line, at most 1 KiB).
 pub const FAILURE_REASON_HEADER: &str = "Idemhost-Failure-Reason";
 /// The consumer that dead-lettered the message.

@@ -10,7 +10,7 @@ pub mod relay;
 
 use std::sync::Arc;
 
-use crate::headers::CAUSATION_HEADER;
+use crate::headers::{CAUSATION_HEADER, EVENT_TYPE_HEADER, ORDERING_KEY_HEADER};
 use crate::pg::{Tx, Wall};
 use crate::subjects::{check_subject, subject_matches};
 
@@ -28,9 +28,12 @@ const PROPAGATED: [&str; 2] = ["traceparent", "tracestate"];
 /// What an event published during one delivery derives from: the consumer and message it
 /// belongs to, and the trace context headers of that message.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Origin {
+pub struct Origin {
+    /// The consumer handling the message.
     pub consumer: String,
+    /// The message's id.
     pub message_id: String,
+    /// Its trace context headers.
     pub trace: Vec<(String, String)>,
     /// Subject patterns the handler may publish to (`consumer.publish_subjects`); empty:
     /// none.
@@ -39,7 +42,7 @@ pub(crate) struct Origin {
 
 impl Origin {
     /// The origin of events published while `consumer` handles a message with these headers.
-    pub(crate) fn new(consumer: &str, message_id: &str, headers: &[(String, String)]) -> Self {
+    pub fn new(consumer: &str, message_id: &str, headers: &[(String, String)]) -> Self {
         Origin {
             consumer: consumer.to_string(),
             message_id: message_id.to_string(),
@@ -53,7 +56,7 @@ impl Origin {
     }
 
     /// The same origin, for a handler allowed to publish to `patterns`.
-    pub(crate) fn allowing(self, patterns: Arc<[String]>) -> Self {
+    pub fn allowing(self, patterns: Arc<[String]>) -> Self {
         Origin {
             allowed_subjects: patterns,
             ..self
@@ -62,13 +65,13 @@ impl Origin {
 }
 
 /// The broker id of event `seq` of `origin`.
-pub(crate) fn event_id(consumer: &str, source_message_id: &str, seq: i32) -> String {
+pub fn event_id(consumer: &str, source_message_id: &str, seq: i32) -> String {
     format!("{consumer}/{source_message_id}/{seq}")
 }
 
 /// Checks a handler's event and returns the headers it is published with: the handler's, plus
 /// the causation id and the source's trace context (unless the handler set its own).
-pub(crate) fn event_headers(
+pub fn event_headers(
     origin: &Origin,
     subject: &str,
     headers: &[(String, String)],
@@ -106,7 +109,8 @@ pub(crate) fn event_headers(
         // `Nats-*` steer the broker (ids, expected stream or sequence, rollups, TTLs);
         // `Idemhost-*` are the host's (message id, causation, failure reason, replay audit),
         // except the two a producer sets for its consumers.
-        let producer_header = lower == "idemhost-event-type" || lower == "idemhost-ordering-key";
+        let producer_header = EVENT_TYPE_HEADER.eq_ignore_ascii_case(name)
+            || ORDERING_KEY_HEADER.eq_ignore_ascii_case(name);
         if lower.starts_with("nats-") || (lower.starts_with("idemhost-") && !producer_header) {
             return Err(format!(
                 "event header {name} is set by the host (ids derive from the source message)"
