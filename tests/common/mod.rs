@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,13 +99,40 @@ pub async fn schema_pool(url: &str, schema: &str, max_connections: u32) -> PgPoo
     pool
 }
 
-/// Waits (up to 10 s) until something accepts connections on 127.0.0.1:`port`.
-fn wait_accepting(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// Waits (up to 30 s) until `child` accepts connections on 127.0.0.1:`port`; if it exits
+/// first, or the time runs out, panics with the end of its output (`log`).
+fn wait_accepting(port: u16, what: &str, child: &mut std::process::Child, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let tail = || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    };
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "{what} did not start");
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{what} exited ({status}) before accepting on port {port}:\n{}",
+                tail()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not accept on port {port} within 30 s:\n{}",
+            tail()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Where a private server's output goes: `<dir>.log`, appended to across restarts.
+fn server_log(dir: &Path) -> (PathBuf, std::fs::File) {
+    let path = dir.with_extension("log");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open the server's log");
+    (path, file)
 }
 
 /// Runs a host with `config` and returns why it refused to start (panics if it starts).

@@ -32,6 +32,7 @@ impl PrivateNats {
 
     /// (Re)starts the server on the same port and store, and waits until it accepts.
     pub fn restart(&mut self) {
+        let (log_path, log) = server_log(&self.dir);
         let child = std::process::Command::new(NATS_SERVER.get())
             .args([
                 "-a",
@@ -43,11 +44,11 @@ impl PrivateNats {
             ])
             .arg(&self.dir)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log.try_clone().expect("the log's handle"))
             .spawn()
             .expect("start nats-server");
-        self.child = Some(child);
-        wait_accepting(self.port, "private nats-server");
+        let child = self.child.insert(child);
+        wait_accepting(self.port, "private nats-server", child, &log_path);
     }
 
     /// Stops the server gracefully (SIGTERM: it flushes its store) and waits for it to exit.
@@ -306,6 +307,7 @@ impl PrivateCluster {
             .collect::<Vec<_>>()
             .join(",");
         let node = &mut self.nodes[i];
+        let (log_path, log) = server_log(&node.dir);
         let child = std::process::Command::new(NATS_SERVER.get())
             .args([
                 "-a",
@@ -321,11 +323,11 @@ impl PrivateCluster {
             .args(["-routes", &routes, "-sd"])
             .arg(&node.dir)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log.try_clone().expect("the log's handle"))
             .spawn()
             .expect("start nats-server");
-        node.child = Some(child);
-        wait_accepting(node.port, "cluster node");
+        let child = node.child.insert(child);
+        wait_accepting(node.port, "cluster node", child, &log_path);
     }
 
     /// The index of the node called `name` (as stream info names a leader).
