@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -140,6 +140,33 @@ impl ConsumerRuntime {
         self
     }
 
+    /// Starts one pulled message (one transaction per delivery): behind a running delivery of
+    /// its ordering key, that key's worker takes it; otherwise it runs on its own task once a
+    /// `max_in_flight` slot is free.
+    fn dispatch(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        slots: &Arc<Semaphore>,
+        msg: jetstream::Message,
+        credit: OwnedSemaphorePermit,
+    ) {
+        let (this, slots) = (self.clone(), slots.clone());
+        match self.ordering.as_ref().and_then(|k| k.key_of(&msg.message)) {
+            Some(key) => {
+                if let Some(first) = self.keyed.enqueue(&key, (msg, credit), &self.waiting) {
+                    tasks.spawn(this.key_worker(slots, key, first));
+                }
+            }
+            None => {
+                tasks.spawn(async move {
+                    if let Ok(slot) = slots.acquire_owned().await {
+                        this.settle(msg, (slot, credit)).await;
+                    }
+                });
+            }
+        }
+    }
+
     /// Pulls and handles deliveries until `shutdown` turns true, then stops pulling and lets
     /// in-flight deliveries finish for up to `drain`; what is still running then is dropped
     /// (rolled back, not acked — the broker redelivers it).
@@ -255,24 +282,7 @@ impl ConsumerRuntime {
                             );
                             continue;
                         }
-                        let (this, slots) = (self.clone(), slots.clone());
-                        match self.ordering.as_ref().and_then(|k| k.key_of(&msg.message)) {
-                            // Behind a running delivery of the same key: its worker takes it.
-                            Some(key) => {
-                                if let Some(first) =
-                                    self.keyed.enqueue(&key, (msg, credit), &self.waiting)
-                                {
-                                    tasks.spawn(this.key_worker(slots, key, first));
-                                }
-                            }
-                            None => {
-                                tasks.spawn(async move {
-                                    if let Ok(slot) = slots.acquire_owned().await {
-                                        this.settle(msg, (slot, credit)).await;
-                                    }
-                                });
-                            }
-                        }
+                        self.dispatch(&mut tasks, &slots, msg, credit);
                     }
                     Some(Err(e)) => {
                         debug!(consumer = %self.config.name, error = %e, "pull error");
