@@ -4,6 +4,8 @@
 //! prune`, `dlq list | replay`, `outbox`, `consumer pause | resume` (in [`ops`]). Parsing and
 //! printing live here; every command calls the `idemhost` library.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -87,20 +87,10 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect_with(options)
         .await?;
-    idemhost::migrate(&pool, Some(SCHEMA)).await?;
-    sqlx::raw_sql(include_str!(
-        "../../examples/order-flow/migrations/0001_inventory.sql"
-    ))
-    .execute(&pool)
-    .await?;
+    idemhost_bench::seed_tables(&pool, Some(SCHEMA), 0..=9).await?;
     sqlx::raw_sql(include_str!(
         "../../examples/order-flow/migrations/0002_order_flow.sql"
     ))
-    .execute(&pool)
-    .await?;
-    sqlx::query(
-        "INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(0, 9) g",
-    )
     .execute(&pool)
     .await?;
 

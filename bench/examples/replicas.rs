@@ -45,8 +45,8 @@ async fn main() -> anyhow::Result<()> {
     let js = jetstream::new(async_nats::connect(servers).await?);
     let mut rows = Vec::new();
     for replicas in counts {
-        let pool = reset_schema().await;
-        publish_all_replicated(&js, n, stream_replicas).await;
+        let pool = reset_schema().await?;
+        publish_all_replicated(&js, n, stream_replicas).await?;
         let text = format!(
             "[nats]\nurl = \"{nats_url}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{SCHEMA}\"\nmax_connections = {}\n\
              [metrics]\nmarker_interval = \"0s\"\n\

@@ -80,8 +80,8 @@ async fn main() {
     }
     let client = async_nats::connect(NATS_URL).await.unwrap();
     let js = async_nats::jetstream::new(client);
-    let pool = reset_schema().await;
-    publish_all(&js, args.n).await;
+    let pool = reset_schema().await.expect("the bench schema");
+    publish_all(&js, args.n).await.expect("the bench stream");
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -96,7 +96,7 @@ async fn main() {
         "[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\n[host]\n{cache}[plugins]\nwatch = false\n"
     );
     let from = format!("{}/{}.wasm", args.plugin_dir, args.from);
-    let host = Host::new(config(args.in_flight, Some(from), &top));
+    let host = Host::new(config(args.in_flight, Some(from), &top).expect("the bench config"));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(
         host.run(idemhost::RunOptions { migrate: false }, async move {

@@ -68,14 +68,14 @@ async fn end_to_end(
     in_flight: u32,
     js: &jetstream::Context,
 ) -> serde_json::Value {
-    let pool = reset_schema().await;
-    publish_all(js, args.n).await;
+    let pool = reset_schema().await.expect("the bench schema");
+    publish_all(js, args.n).await.expect("the bench stream");
     let component = match handler {
         "wasm" => Some("inventory"),
         other => other.strip_prefix("wasm:"),
     };
     let plugin = component.map(|name| format!("{}/{name}.wasm", args.plugin_dir));
-    let mut host = Host::new(config(in_flight, plugin, ""));
+    let mut host = Host::new(config(in_flight, plugin, "").expect("the bench config"));
     if handler == "native" {
         host = host.with_handler(CONSUMER, Arc::new(NativeInventory));
     }
@@ -166,7 +166,7 @@ async fn p50_us(c: &Claimer, h: &dyn Handler, tag: &str, payload: &str, rounds: 
 }
 
 async fn per_delivery_overhead(args: &Args) -> serde_json::Value {
-    let pool = reset_schema().await;
+    let pool = reset_schema().await.expect("the bench schema");
     let rt = PluginRuntime::new().unwrap();
     let limits = PluginLimits {
         timeout: Duration::from_secs(5),
@@ -211,7 +211,7 @@ async fn per_delivery_overhead(args: &Args) -> serde_json::Value {
 /// Per language: component size, compile time (cold, and from the compile cache), and the p50
 /// of instantiation and of the `handle` call over 2,000 inventory deliveries on one connection.
 async fn language_costs(args: &Args) -> serde_json::Value {
-    let pool = reset_schema().await;
+    let pool = reset_schema().await.expect("the bench schema");
     let c = Claimer::new(
         pool.clone(),
         ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),

@@ -1,6 +1,5 @@
 //! What the benchmark examples share: the bench schema (1,000 SKUs), the bench stream of N
 //! OrderPlaced events, a one-consumer config, and the process's CPU time and peak RSS.
-#![allow(dead_code)]
 
 use async_nats::jetstream::{self, stream};
 use idemhost::Config;
@@ -15,69 +14,52 @@ pub const CONSUMER: &str = "inventory-reservation-v1";
 #[allow(unused_imports)]
 pub use crate::{cpu_time, peak_rss_mib};
 
-pub async fn reset_schema() -> PgPool {
+/// Drops and recreates the bench schema with the seed's tables and 1,000 SKUs; a pool on it.
+pub async fn reset_schema() -> anyhow::Result<PgPool> {
     let admin = PgPoolOptions::new()
         .max_connections(1)
         .connect(PG_URL)
-        .await
-        .unwrap();
+        .await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"
     )))
     .execute(&admin)
-    .await
-    .unwrap();
+    .await?;
     admin.close().await;
     let options = PG_URL
-        .parse::<sqlx::postgres::PgConnectOptions>()
-        .unwrap()
+        .parse::<sqlx::postgres::PgConnectOptions>()?
         .application_name("bench")
         .options([("search_path", SCHEMA)]);
     let pool = PgPoolOptions::new()
         .max_connections(20)
         .connect_with(options)
-        .await
-        .unwrap();
-    idemhost::migrate(&pool, Some(SCHEMA)).await.unwrap();
-    sqlx::raw_sql(include_str!(
-        "../../examples/order-flow/migrations/0001_inventory.sql"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(1, 1000) g",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool
+        .await?;
+    crate::seed_tables(&pool, Some(SCHEMA), 1..=1000).await?;
+    Ok(pool)
 }
 
-pub async fn publish_all(js: &jetstream::Context, n: usize) {
+/// Recreates the bench stream and its dead-letter stream and publishes `n` OrderPlaced events.
+pub async fn publish_all(js: &jetstream::Context, n: usize) -> anyhow::Result<()> {
     publish_all_replicated(js, n, 1).await
 }
 
 /// [`publish_all`] into streams of `num_replicas` copies (a cluster's R3).
-pub async fn publish_all_replicated(js: &jetstream::Context, n: usize, num_replicas: usize) {
+pub async fn publish_all_replicated(
+    js: &jetstream::Context,
+    n: usize,
+    num_replicas: usize,
+) -> anyhow::Result<()> {
     let _ = js.delete_stream("BENCH").await;
     let _ = js.delete_stream("BENCH_DLQ").await;
-    js.create_stream(stream::Config {
-        name: "BENCH".into(),
-        subjects: vec!["bench.orders".into()],
-        num_replicas,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    js.create_stream(stream::Config {
-        name: "BENCH_DLQ".into(),
-        subjects: vec!["bench.dlq".into()],
-        num_replicas,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    for (name, subject) in [("BENCH", "bench.orders"), ("BENCH_DLQ", "bench.dlq")] {
+        js.create_stream(stream::Config {
+            name: name.into(),
+            subjects: vec![subject.into()],
+            num_replicas,
+            ..Default::default()
+        })
+        .await?;
+    }
     let mut pending = Vec::new();
     for i in 0..n {
         let id = format!("evt-{i}");
@@ -89,22 +71,22 @@ pub async fn publish_all_replicated(js: &jetstream::Context, n: usize, num_repli
         headers.insert("Nats-Msg-Id", id.as_str());
         pending.push(
             js.publish_with_headers("bench.orders", headers, payload.into_bytes().into())
-                .await
-                .unwrap(),
+                .await?,
         );
         if pending.len() >= 512 {
             for p in pending.drain(..) {
-                p.await.unwrap();
+                p.await?;
             }
         }
     }
     for p in pending {
-        p.await.unwrap();
+        p.await?;
     }
+    Ok(())
 }
 
 /// One consumer of the bench stream; `top` adds top-level tables (`[admin]`, `[host]`).
-pub fn config(in_flight: u32, plugin: Option<String>, top: &str) -> Config {
+pub fn config(in_flight: u32, plugin: Option<String>, top: &str) -> anyhow::Result<Config> {
     let plugin = plugin
         .map(|p| format!("plugin = \"{p}\"\n"))
         .unwrap_or_default();
@@ -119,11 +101,10 @@ pub fn config(in_flight: u32, plugin: Option<String>, top: &str) -> Config {
          max_in_flight = {in_flight}\ndead_letter_subject = \"bench.dlq\"\n{top}",
         in_flight + 2
     );
-    Config::from_toml(
+    Ok(Config::from_toml(
         &text,
         std::iter::empty(),
         "bench.toml".as_ref(),
         ".".as_ref(),
-    )
-    .unwrap()
+    )?)
 }

@@ -14,6 +14,8 @@
 //! Everything runs in its own database (`idemhost_bench` by default, created if missing): its
 //! `processed_message` and `inventory` tables are reset before every run.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -338,18 +340,32 @@ async fn reset(db_url: &str) -> anyhow::Result<()> {
     sqlx::raw_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
         .execute(&pool)
         .await?;
-    idemhost::migrate(&pool, None).await?;
+    seed_tables(&pool, None, 1..=SKUS as i32).await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// The seed's tables in `pool`'s database: the host's migrations (into `schema`, as
+/// `postgres.schema` puts them), the example's `inventory`, and SKUs `sku-<n>` for each `n` of
+/// `skus`, with stock enough for any run.
+pub async fn seed_tables(
+    pool: &PgPool,
+    schema: Option<&str>,
+    skus: std::ops::RangeInclusive<i32>,
+) -> anyhow::Result<()> {
+    idemhost::migrate(pool, schema).await?;
     sqlx::raw_sql(include_str!(
         "../../examples/order-flow/migrations/0001_inventory.sql"
     ))
-    .execute(&pool)
+    .execute(pool)
     .await?;
     sqlx::query(
-        "INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series(1, 1000) g",
+        "INSERT INTO inventory SELECT 'sku-' || g, 1000000000, 0 FROM generate_series($1, $2) g",
     )
-    .execute(&pool)
+    .bind(*skus.start())
+    .bind(*skus.end())
+    .execute(pool)
     .await?;
-    pool.close().await;
     Ok(())
 }
 
