@@ -429,3 +429,42 @@ async fn hold_advisory_key(
     .await;
     delivery
 }
+
+/// KNOWN ESCAPE, not fixed (see the closing note of issue 24): one row holding one huge value.
+/// The plugin's result is bounded (`MAX_RESULT_BYTES`, 16 MiB) only after a row has been
+/// received and decoded, and sqlx buffers a whole protocol message: `SELECT repeat('x',
+/// 400000000)` takes the host's peak RSS from ~36 MB to ~1.2 GB (the buffer, then the decoded
+/// copy) before the delivery is refused, whatever the plugin's own memory limit. PostgreSQL
+/// sends rows of up to ~1 GB; at `max_in_flight` 16 that is an out-of-memory kill of the host,
+/// and the message comes back. `execute` reads such a row the same way. The fix belongs at the
+/// connection (refuse a backend message over a bound before buffering it), which sqlx does not
+/// offer. Ignored so the suite stays green; run alone:
+///   cargo test -p idemhost-cli --features failpoints,otlp --test hostile -- --ignored one_huge_value
+#[tokio::test]
+#[ignore = "known escape: one huge value is buffered whole before the result bound applies"]
+async fn one_huge_value_cannot_make_the_host_allocate_it() {
+    let env = TestEnv::new("hugevalue").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let plugin = load_plugin("testkit", Duration::from_secs(30));
+    let c = claimer(&env).await;
+    let peak_kib = || -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    let before = peak_kib();
+    let script = r#"{"steps":[{"query":"SELECT repeat('x', 400000000)"}]}"#;
+    let p = c.process(plugin.as_ref(), &message("huge-1", script)).await;
+    assert!(
+        matches!(&p.outcome, Outcome::RetryableFailure(r) if r.contains("exceeds")),
+        "{p:?}"
+    );
+    let grew_mib = peak_kib().saturating_sub(before) / 1024;
+    assert!(
+        grew_mib < 256,
+        "a 400 MB value grew the host's peak RSS by {grew_mib} MiB"
+    );
+}
