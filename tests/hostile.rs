@@ -436,9 +436,9 @@ async fn hold_advisory_key(
 /// 400000000)` takes the host's peak RSS from ~36 MB to ~1.2 GB (the buffer, then the decoded
 /// copy) before the delivery is refused, whatever the plugin's own memory limit. PostgreSQL
 /// sends rows of up to ~1 GB; at `max_in_flight` 16 that is an out-of-memory kill of the host,
-/// and the message comes back. (`execute` reads rows through the same client; not measured.) The fix belongs at the
-/// connection (refuse a backend message over a bound before buffering it), which sqlx does not
-/// offer. Ignored so the suite stays green; run alone:
+/// and the message comes back. (`execute` reads rows through the same client; not measured.)
+/// The fix belongs at the connection (refuse a backend message over a bound before buffering
+/// it), which sqlx does not offer. Ignored so the suite stays green; run alone:
 ///   cargo test -p idemhost-cli --features failpoints,otlp --test hostile -- --ignored one_huge_value
 #[tokio::test]
 #[ignore = "known escape: one huge value is buffered whole before the result bound applies"]
