@@ -254,6 +254,14 @@ impl Claimer {
             })
     }
 
+    /// How to end the session of backend `pid` from the host's side.
+    fn backend(&self, pid: i32) -> pg::Backend {
+        pg::Backend {
+            host_pool: self.host_pool.clone(),
+            pid,
+        }
+    }
+
     /// The settings this claimer runs with.
     pub fn settings(&self) -> &ClaimSettings {
         &self.settings
@@ -351,7 +359,10 @@ impl Claimer {
         let mut tx = self.begin(&wall).await?;
         let claimed = self.claim(&mut tx, &wall, handler, msg, timing).await;
         let (claimed, backend_pid) = match claimed {
-            Ok(c) => c,
+            Ok(c) => {
+                tx.stoppable(self.backend(c.1));
+                c
+            }
             Err(e) => {
                 tx.note_failure(&e);
                 rollback(tx, &wall).await;
@@ -492,9 +503,10 @@ impl Claimer {
     }
 }
 
-/// Rolls an abandoned transaction back (a failed ROLLBACK discards the connection).
+/// Rolls an abandoned transaction back, within the rollback grace (a failed or late
+/// ROLLBACK discards the connection).
 async fn rollback(tx: Tx, wall: &Wall) {
-    if let Err(e) = tx.rollback_with(&wall.rollback_sql).await {
+    if let Err(e) = tx.rollback_within_grace(&wall.rollback_sql).await {
         debug!(error = %pg::describe(&e), "rollback failed; the connection is discarded");
     }
 }

@@ -61,6 +61,7 @@ mod source;
 mod sql_gate;
 mod subjects;
 pub mod telemetry;
+mod text;
 mod tx_handle;
 
 pub use claim::{CLAIM_SQL, ClaimSettings, Claimer};

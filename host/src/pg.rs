@@ -15,7 +15,7 @@ pub(crate) mod failover;
 mod tx;
 pub mod wall;
 pub(crate) use failover::Failover;
-pub(crate) use tx::last_flag;
+pub(crate) use tx::{Backend, last_flag};
 #[cfg(feature = "test-support")]
 pub use tx::session_failed;
 pub use tx::{Connections, Tx};
@@ -60,14 +60,16 @@ pub(crate) fn lock_not_available(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
-/// Renders a database error for logs and plugins: `SQLSTATE: message` for server errors.
+/// Renders a database error for logs and plugins: `SQLSTATE: message` for server errors. The
+/// message quotes whatever a plugin's statement made the server quote (a 20 MB value in an
+/// `invalid input syntax` error): it is escaped and cut to [`crate::text::MAX_REASON_BYTES`].
 pub fn describe(error: &sqlx::Error) -> String {
     match error {
         sqlx::Error::Database(db) => match db.code() {
-            Some(code) => format!("{code}: {}", db.message()),
-            None => db.message().to_string(),
+            Some(code) => format!("{code}: {}", crate::text::reason(db.message())),
+            None => crate::text::reason(db.message()),
         },
-        other => other.to_string(),
+        other => crate::text::reason(&other.to_string()),
     }
 }
 

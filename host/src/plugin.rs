@@ -42,6 +42,11 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Log lines one delivery may emit; the rest are counted and reported once.
 const MAX_LOG_LINES: u32 = 100;
 const MAX_LOG_LINE_BYTES: usize = 4096;
+/// Bytes of plugin log lines one attempt may put in the host's log, escaped. With the failure
+/// reason's [`crate::text::MAX_REASON_BYTES`] that is 64 KiB of plugin-originated text per
+/// attempt, whatever its sources (log calls, its error, the database's errors); notices never
+/// reach the host (the plugin's sessions have `client_min_messages = error`).
+const PLUGIN_LOG_BYTES: usize = (64 << 10) - crate::text::MAX_REASON_BYTES;
 /// Slots whose leftover memory is decommitted with one batch of system calls.
 const DECOMMIT_BATCH: usize = 16;
 
@@ -386,6 +391,8 @@ impl ResourceLimiter for BudgetLimiter {
 struct LogSink {
     digest: Arc<str>,
     lines: u32,
+    /// Bytes of [`PLUGIN_LOG_BYTES`] still unused.
+    bytes_left: usize,
     dropped: u32,
     /// A rehearsal's trace, which keeps the lines as well.
     trace: Option<Arc<crate::tx_handle::Trace>>,
@@ -452,6 +459,7 @@ impl WasmHandler {
             log: LogSink {
                 digest: self.digest.clone(),
                 lines: 0,
+                bytes_left: PLUGIN_LOG_BYTES,
                 dropped: 0,
                 trace: None,
             },
@@ -507,7 +515,7 @@ impl WasmHandler {
                 self.limits.memory
             )
         } else {
-            format!("plugin trapped: {}", first_line(trap))
+            format!("plugin trapped: {}", crate::text::reason(&first_line(trap)))
         }
     }
 
@@ -524,8 +532,13 @@ impl WasmHandler {
         }
         let result = match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(wit::HandlerError::Retryable(r))) => Err(HandlerError::Retryable(r)),
-            Ok(Err(wit::HandlerError::Terminal(r))) => Err(HandlerError::Terminal(r)),
+            // The plugin's own words: escaped and bounded before anything logs or keeps them.
+            Ok(Err(wit::HandlerError::Retryable(r))) => {
+                Err(HandlerError::Retryable(crate::text::reason(&r)))
+            }
+            Ok(Err(wit::HandlerError::Terminal(r))) => {
+                Err(HandlerError::Terminal(crate::text::reason(&r)))
+            }
             Err(trap) => Err(HandlerError::Retryable(self.describe_trap(&store, &trap))),
         };
         if let Some(trace) = tx.trace() {

@@ -54,13 +54,6 @@ const REFUSED_FUNCTIONS: &[&str] = &[
     "table_to_xml_and_xmlschema",
     "ts_stat",
     "ts_rewrite",
-    "pg_advisory_lock",
-    "pg_advisory_lock_shared",
-    "pg_try_advisory_lock",
-    "pg_try_advisory_lock_shared",
-    "pg_advisory_unlock",
-    "pg_advisory_unlock_shared",
-    "pg_advisory_unlock_all",
     "pg_notify",
     "setseed",
     "pg_cancel_backend",
@@ -76,8 +69,13 @@ const REFUSED_FUNCTIONS: &[&str] = &[
     "dblink",
 ];
 
-/// Prefixes of refused function names (see [`REFUSED_FUNCTIONS`]).
+/// Prefixes of refused function names (see [`REFUSED_FUNCTIONS`]). Advisory locks of every
+/// kind and scope: transaction-scoped ones end with the delivery, but a set-returning query
+/// taking one per row filled the server's shared lock table until the deadline, and every
+/// other session of the server, on any database, failed with 53200 meanwhile.
 const REFUSED_FUNCTION_PREFIXES: &[&str] = &[
+    "pg_advisory_",
+    "pg_try_advisory_",
     "idemhost_",
     "lo_",
     "pg_read_",
@@ -114,21 +112,44 @@ pub(crate) const MAX_RESULT_BYTES: usize = 16 << 20;
 pub(crate) const MAX_SQL_BYTES: usize = 64 << 10;
 /// Deepest parse tree walked (a deeper one is refused, not recursed into).
 const MAX_DEPTH: usize = 400;
+/// Most tree levels a statement's tokens may allow before it is parsed (see [`depth_bound`]).
+/// Trees deeper than ~50 levels are refused after parsing anyway; this keeps the parser's own
+/// recursion within a few MiB of the parser threads' stack.
+const MAX_TOKEN_DEPTH: usize = 1000;
 
 /// Checks a plugin statement on PostgreSQL's own parse tree (libpg_query: the server's
 /// grammar and scanner); `Err` is the refusal the plugin sees. One statement, of an allowed
 /// kind, no `SELECT ... INTO`, no host relation, no refused function — judged on what the
 /// server would parse, so comments, quoting, escapes and case cannot disguise anything.
-pub fn check(sql: &str) -> Result<(), String> {
-    if crate::failpoint::selected("ungated") {
-        return Ok(());
-    }
-    if let Some(verdict) = VERDICTS.get(sql) {
+///
+/// The parse runs on the gate's own threads (see `parser`): the caller's task waits for it
+/// without blocking its thread, and a plugin's fiber stack never holds a parse.
+pub(crate) async fn admit(sql: &str) -> Result<(), String> {
+    if let Some(verdict) = known(sql) {
         return verdict;
     }
-    let verdict = judge(sql);
+    let verdict = parser::judge(sql).await;
     VERDICTS.put(sql, &verdict);
     verdict
+}
+
+/// [`admit`] for callers outside async code: blocks the calling thread until judged.
+#[cfg_attr(not(any(test, feature = "test-support")), allow(dead_code))]
+pub fn check(sql: &str) -> Result<(), String> {
+    if let Some(verdict) = known(sql) {
+        return verdict;
+    }
+    let verdict = parser::judge_blocking(sql);
+    VERDICTS.put(sql, &verdict);
+    verdict
+}
+
+/// A verdict reached without parsing: the crash tests' ungated mode, or a recent statement's.
+fn known(sql: &str) -> Option<Result<(), String>> {
+    if crate::failpoint::selected("ungated") {
+        return Some(Ok(()));
+    }
+    VERDICTS.get(sql)
 }
 
 /// The verdicts of recent statements. A plugin sends the same few statement texts over and
@@ -163,7 +184,7 @@ impl Verdicts {
     }
 }
 
-/// [`check`] without the cache.
+/// [`check`] without the cache; runs on a parser thread (see `parser`).
 fn judge(sql: &str) -> Result<(), String> {
     if sql.len() > MAX_SQL_BYTES {
         return Err(format!(
@@ -172,6 +193,16 @@ fn judge(sql: &str) -> Result<(), String> {
     }
     if sql.contains('\0') {
         return Err("statement refused: NUL character".into());
+    }
+    // Before parsing: libpg_query's output writer recurses once per tree level, without a
+    // stack check. A statement whose tokens allow a deeper tree than the gate accepts anyway
+    // (prost refuses trees over ~50 levels when reading the result) is refused unparsed.
+    let depth = depth_bound(sql)?;
+    if depth > MAX_TOKEN_DEPTH {
+        return Err(format!(
+            "statement refused: nested too deeply (up to {depth} levels; at most \
+             {MAX_TOKEN_DEPTH})"
+        ));
     }
     let parsed =
         pg_query::parse(sql).map_err(|e| format!("statement refused: it does not parse ({e})"))?;
@@ -198,6 +229,50 @@ fn judge(sql: &str) -> Result<(), String> {
         ));
     }
     walk(&tree, 0)
+}
+
+/// The deepest tree the tokens of a statement allow, bounded from above, read with PostgreSQL's
+/// own scanner (flat: no recursion). Every tree level needs a token that is neither a name nor
+/// a constant nor a list separator: an operator, a keyword, or an opening parenthesis or
+/// bracket. So the bound is the largest number of such tokens on any path of nested groups,
+/// counting within one list element (a comma starts the next element, a sibling at the same
+/// depth). A `VALUES` list of thousands of rows stays shallow; `1+1+…` does not.
+fn depth_bound(sql: &str) -> Result<usize, String> {
+    use pg_query::protobuf::Token;
+    let scanned = pg_query::scan(sql)
+        .map_err(|e| format!("statement refused: it does not parse ({e})"))?;
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    let (mut base, mut element, mut deepest) = (0usize, 0usize, 0usize);
+    for token in &scanned.tokens {
+        match Token::try_from(token.token).unwrap_or(Token::Nul) {
+            Token::Ascii40 | Token::Ascii91 => {
+                groups.push((base, element));
+                base += element + 1;
+                element = 0;
+            }
+            Token::Ascii41 | Token::Ascii93 => {
+                if let Some((b, e)) = groups.pop() {
+                    (base, element) = (b, e);
+                }
+            }
+            Token::Ascii44 => element = 0,
+            Token::Ident
+            | Token::Uident
+            | Token::Fconst
+            | Token::Sconst
+            | Token::Usconst
+            | Token::Bconst
+            | Token::Xconst
+            | Token::Iconst
+            | Token::Param
+            | Token::SqlComment
+            | Token::CComment
+            | Token::Ascii46 => {}
+            _ => element += 1,
+        }
+        deepest = deepest.max(base + element);
+    }
+    Ok(deepest)
 }
 
 /// `SelectStmt` → `SELECT`, for refusals.
@@ -392,6 +467,8 @@ fn convert(raw: PgValueRef<'_>, type_name: &str, column: &str) -> Result<SqlValu
         }
     })
 }
+
+mod parser;
 
 #[cfg(test)]
 mod props;

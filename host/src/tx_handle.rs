@@ -5,8 +5,6 @@
 //! attempt's deadline a statement still running is stopped on the server.
 
 use std::sync::Arc;
-use std::time::Duration;
-
 use futures::TryStreamExt;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Mutex;
@@ -132,8 +130,7 @@ impl TxHandle {
                     });
                 }
                 // Dropped mid-statement: the connection is closed, never reused.
-                drop(state.tx.take());
-                stop_backend(deadline.clone());
+                self.abandon(state);
                 Err(TxError::Database(reason))
             }
         }
@@ -203,7 +200,7 @@ impl TxHandle {
     }
 
     async fn execute_untraced(&self, sql: &str, params: &[SqlValue]) -> Result<u64, TxError> {
-        let args = match sql_gate::check(sql).and_then(|()| sql_gate::bind(params)) {
+        let args = match sql_gate::admit(sql).await.and_then(|()| sql_gate::bind(params)) {
             Ok(args) => args,
             Err(reason) => return self.refuse(reason).await,
         };
@@ -248,7 +245,7 @@ impl TxHandle {
         sql: &str,
         params: &[SqlValue],
     ) -> Result<Vec<Vec<SqlValue>>, TxError> {
-        let args = match sql_gate::check(sql).and_then(|()| sql_gate::bind(params)) {
+        let args = match sql_gate::admit(sql).await.and_then(|()| sql_gate::bind(params)) {
             Ok(args) => args,
             Err(reason) => return self.refuse(reason).await,
         };
@@ -285,8 +282,21 @@ impl TxHandle {
             .await?;
         outcome.map_err(|reason| {
             state.poison_refused(&reason);
+            // Refused at a row: the rest of the result is still coming, and a rollback on this
+            // connection would first wait for all of it (for as long as `statement_timeout`
+            // lets the query run). The connection is closed instead, and its backend ended.
+            self.abandon(&mut state);
             TxError::Refused(reason)
         })
+    }
+
+    /// Gives up the connection of a statement the handle stopped reading: closed, never
+    /// reused, and its backend ended on the server.
+    fn abandon(&self, state: &mut TxState) {
+        drop(state.tx.take());
+        if let Some(deadline) = &self.deadline {
+            stop_backend(deadline.clone());
+        }
     }
 
     /// Takes the transaction back for commit or rollback, with the first error a handler saw.
@@ -331,32 +341,12 @@ impl TxState {
     }
 }
 
-/// Ends the backend of a plugin's session whose statement outlived the attempt's deadline, from
-/// the host's own pool (its role is a member of every plugin role it provisioned). In the
-/// background: the delivery does not wait for it.
+/// Ends the backend of a plugin's session whose statement outlived the attempt's deadline or
+/// was abandoned, from the host's own pool. In the background: the delivery does not wait.
 fn stop_backend(deadline: Deadline) {
-    tokio::spawn(async move {
-        let ended = tokio::time::timeout(
-            Duration::from_secs(5),
-            sqlx::query_scalar::<_, bool>("SELECT pg_terminate_backend($1)")
-                .bind(deadline.backend_pid)
-                .fetch_one(&deadline.host_pool),
-        )
-        .await;
-        match ended {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
-                tracing::warn!(pid = deadline.backend_pid, "plugin session already gone")
-            }
-            Ok(Err(e)) => tracing::warn!(
-                pid = deadline.backend_pid,
-                error = %pg::describe(&e),
-                "failed to stop a plugin statement past its deadline"
-            ),
-            Err(_) => tracing::warn!(
-                pid = deadline.backend_pid,
-                "stopping a plugin statement timed out"
-            ),
-        }
-    });
+    pg::Backend {
+        host_pool: deadline.host_pool,
+        pid: deadline.backend_pid,
+    }
+    .stop();
 }

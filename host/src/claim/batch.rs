@@ -137,7 +137,10 @@ impl Claimer {
         let started = Instant::now();
         let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
         let (claimed, pid) = match self.claim_all(&mut tx, &wall, handler, &ids).await {
-            Ok(c) => c,
+            Ok(c) => {
+                tx.stoppable(self.backend(c.1));
+                c
+            }
             Err(e) => {
                 tx.note_failure(&e);
                 rollback(tx, &wall).await;

@@ -152,6 +152,7 @@ impl Connections {
                 home: self.clone(),
                 since,
                 session_failed: false,
+                backend: None,
             };
             match sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
                 .fetch_all(&mut *tx)
@@ -241,6 +242,48 @@ pub struct Tx {
     since: Instant,
     /// A statement failed for a reason about the session: closed when the transaction ends.
     session_failed: bool,
+    /// How to end the session's backend from outside, once known (see [`Tx::stoppable`]).
+    backend: Option<Backend>,
+}
+
+/// How long a rollback, with the session reset after it, may take before the connection is
+/// closed instead and its backend ended: the grace an attempt gets past its deadline. A
+/// rollback waits for whatever the connection still has in flight (the rest of a query's rows,
+/// a statement running until `statement_timeout`); the delivery does not.
+pub(crate) const ROLLBACK_GRACE: Duration = Duration::from_secs(1);
+
+/// A session's backend and a pool of the host's own role, which may end it (the host's role is
+/// a member of every plugin role it provisioned).
+#[derive(Clone)]
+pub(crate) struct Backend {
+    pub(crate) host_pool: PgPool,
+    pub(crate) pid: i32,
+}
+
+impl Backend {
+    /// Ends the backend (its transaction rolls back, its locks are released), in the
+    /// background: nobody waits for it.
+    pub(crate) fn stop(self) {
+        tokio::spawn(async move {
+            let ended = tokio::time::timeout(
+                Duration::from_secs(5),
+                sqlx::query_scalar::<_, bool>("SELECT pg_catalog.pg_terminate_backend($1)")
+                    .bind(self.pid)
+                    .fetch_one(&self.host_pool),
+            )
+            .await;
+            match ended {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => tracing::debug!(pid = self.pid, "plugin session already gone"),
+                Ok(Err(e)) => tracing::warn!(
+                    pid = self.pid,
+                    error = %super::describe(&e),
+                    "failed to stop a plugin session"
+                ),
+                Err(_) => tracing::warn!(pid = self.pid, "stopping a plugin session timed out"),
+            }
+        });
+    }
 }
 
 impl Tx {
@@ -264,6 +307,29 @@ impl Tx {
     /// Rolls the transaction back.
     pub async fn rollback(self) -> Result<(), sqlx::Error> {
         self.end("ROLLBACK").await
+    }
+
+    /// Whose backend this is, so that a rollback past its grace can end it.
+    pub(crate) fn stoppable(&mut self, backend: Backend) {
+        self.backend = Some(backend);
+    }
+
+    /// [`Tx::rollback_with`] within [`ROLLBACK_GRACE`]: past it the connection is closed, never
+    /// reused, and the backend (if known) ended on the server.
+    pub(crate) async fn rollback_within_grace(self, statement: &str) -> Result<(), sqlx::Error> {
+        let backend = self.backend.clone();
+        match tokio::time::timeout(ROLLBACK_GRACE, self.end(statement)).await {
+            Ok(done) => done,
+            Err(_) => {
+                // The `Tx` was dropped with the timed-out future: its connection is closed.
+                if let Some(backend) = backend {
+                    backend.stop();
+                }
+                Err(sqlx::Error::Protocol(format!(
+                    "rollback did not finish within {ROLLBACK_GRACE:?}; the session was closed"
+                )))
+            }
+        }
     }
 
     /// Runs `statement` (COMMIT or ROLLBACK, and what follows it); once it was answered the

@@ -208,6 +208,10 @@ pub fn plugin_role(postgres: &PostgresConfig, consumer: &ConsumerConfig) -> Stri
     name
 }
 
+/// The longest backend message a plugin's session accepts: a result's bound
+/// ([`crate::sql_gate::MAX_RESULT_BYTES`]) and the framing of its columns.
+pub(crate) const PLUGIN_MESSAGE_BYTES: usize = crate::sql_gate::MAX_RESULT_BYTES + (64 << 10);
+
 /// Options for a connection that logs in as `role`: the host's URL with its user replaced and
 /// its password dropped (the role's own, if configured, instead).
 pub fn role_connect_options(
@@ -245,7 +249,15 @@ pub fn connect_as(
     if let Some(schema) = schema {
         options = options.options([("search_path", schema)]);
     }
-    Ok(options)
+    // A plugin's sessions get no notices or warnings: the server does not send them (one
+    // statement raising a notice per row put 150,000 lines in the host's log). Errors still
+    // come back as errors. The session default, so the reset after each delivery keeps it, and
+    // the gate refuses every way to change it.
+    options = options.options([("client_min_messages", "error")]);
+    // A row, an error or a notice longer than a whole result may be is refused from its
+    // header, before it is buffered: the host never allocates a value a plugin made the server
+    // build (one row holds up to 1 GB), and the connection is closed.
+    Ok(options.max_message_size(PLUGIN_MESSAGE_BYTES))
 }
 
 /// A pool of connections logged in as `role`, checked by one connection; it follows `failover`.
@@ -363,8 +375,13 @@ async fn provision_role_once(
             ));
         }
     }
-    if !tables.is_empty() {
-        grants.push(format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"));
+    // Sequences: only those of the granted tables (serial and identity columns). `nextval` is
+    // not undone by a rollback, so USAGE on another consumer's sequence let a plugin drain it
+    // with deliveries that never committed. Earlier versions granted every sequence of the
+    // schema: that is taken back first.
+    grants.push(format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {s} FROM {r}"));
+    for sequence in owned_sequences(&mut tx, &schema, tables).await? {
+        grants.push(format!("GRANT USAGE ON SEQUENCE {sequence} TO {r}"));
     }
     // Take back anything on the host's relations (the statements above may include them, and
     // column-level grants survive table-level checks).
@@ -446,6 +463,38 @@ async fn provision_role_once(
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// The sequences owned by `tables` (`*`: every table of `schema`), as qualified names.
+async fn owned_sequences(
+    conn: &mut sqlx::PgConnection,
+    schema: &str,
+    tables: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    let all = tables.iter().any(|t| t == "*");
+    let named: Vec<String> = tables
+        .iter()
+        .filter(|t| *t != "*")
+        .map(|t| qualified(schema, t))
+        .collect();
+    sqlx::query_scalar(
+        "SELECT DISTINCT format('%I.%I', n.nspname, c.relname) \
+         FROM pg_catalog.pg_depend d \
+         JOIN pg_catalog.pg_class c ON c.oid = d.objid \
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         JOIN pg_catalog.pg_class t ON t.oid = d.refobjid \
+         JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace \
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass \
+           AND d.refclassid = 'pg_catalog.pg_class'::regclass \
+           AND d.deptype IN ('a', 'i') AND c.relkind = 'S' \
+           AND (($1 AND tn.nspname = $2) OR t.oid IN (SELECT pg_catalog.to_regclass(x) FROM unnest($3::text[]) x)) \
+         ORDER BY 1",
+    )
+    .bind(all)
+    .bind(schema)
+    .bind(&named)
+    .fetch_all(conn)
+    .await
 }
 
 fn qualified(schema: &str, table: &str) -> String {

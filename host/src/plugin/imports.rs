@@ -114,13 +114,15 @@ fn guest_result<T>(r: Result<T, TxError>) -> wasmtime::Result<Result<T, String>>
 impl logging::Host for PluginState {
     async fn log(&mut self, level: String, message: String) -> wasmtime::Result<()> {
         let sink = &mut self.log;
-        if sink.lines >= MAX_LOG_LINES {
+        if sink.lines >= MAX_LOG_LINES || sink.bytes_left == 0 {
             sink.dropped += 1;
             return Ok(());
         }
+        // Escaped (no line of the host's log can be forged) and cut to the line's and the
+        // attempt's budget.
+        let message = crate::text::bounded(&message, MAX_LOG_LINE_BYTES.min(sink.bytes_left));
         sink.lines += 1;
-        let mut message = message;
-        message.truncate(message.floor_char_boundary(MAX_LOG_LINE_BYTES));
+        sink.bytes_left = sink.bytes_left.saturating_sub(message.len());
         if let Some(trace) = &sink.trace {
             trace.log(&level, &message);
         }

@@ -1,0 +1,460 @@
+//! One plugin must not hurt anyone else (SECURITY.md, "Availability"). Each test runs a host
+//! process with two consumers: an attacker (the testkit plugin, whose message is a script of
+//! statements, logs and errors) and a bystander on its own stream, whose messages — published
+//! while the attack runs — must all apply once and in time; and a session of another
+//! application that connects and reads the catalog throughout, and must keep working. The
+//! attacks are generated over many variants (shapes, sizes swept to the limits).
+//!
+//!   cargo test -p idemhost-cli --test availability
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The bystander's messages must all apply within this, attack or not.
+const BYSTANDER_IN_TIME: Duration = Duration::from_secs(30);
+
+/// A host process running an attacker and a bystander consumer, with its log in a file.
+struct Arena {
+    env: TestEnv,
+    attacker: NatsEnv,
+    bystander: NatsEnv,
+    host: std::process::Child,
+    log: PathBuf,
+    _dir: tempdir::Dir,
+    app: OtherApplication,
+}
+
+mod tempdir {
+    /// A directory removed when dropped.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Arena {
+    /// Starts the host; `attacker_keys` are extra keys of the attacker's consumer.
+    async fn start(tag: &str, attacker_keys: &str) -> Arena {
+        let env = TestEnv::new(tag).await;
+        env.execute(
+            "CREATE TABLE attack_t (id serial PRIMARY KEY, v text);
+             CREATE TABLE bystander_t (id serial PRIMARY KEY, v text);",
+        )
+        .await;
+        env.seed_inventory(&[("sku-b", 1000)]).await;
+        let attacker = NatsEnv::new(&format!("{tag}a"), Duration::from_millis(100)).await;
+        let bystander = NatsEnv::new(&format!("{tag}b"), Duration::from_millis(100)).await;
+        let dir = std::env::temp_dir().join(unique("arena"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let admin = format!("127.0.0.1:{}", free_port());
+        let keys = if attacker_keys.contains("tables =") {
+            attacker_keys.to_string()
+        } else {
+            format!("tables = [\"attack_t\", \"inventory\"]\n{attacker_keys}")
+        };
+        let mut text = config_text(&env, &attacker, "attacker-v1", "testkit", &keys);
+        text.push_str(&format!(
+            "\n[[consumer]]\nname = \"bystander-v1\"\nstream = \"{}\"\nsubjects = [\"{}\"]\n\
+             plugin = \"{}\"\ndead_letter_subject = \"{}\"\ntables = [\"inventory\", \"bystander_t\"]\n\
+             handler_timeout = \"10s\"\n",
+            bystander.stream,
+            bystander.subject(),
+            plugin_path("testkit").display(),
+            bystander.dlq(),
+        ));
+        text.push_str(&format!("\n[admin]\nlisten = \"{admin}\"\n"));
+        let config = dir.join("host.toml");
+        std::fs::write(&config, text).unwrap();
+        let log = dir.join("host.log");
+        let host = spawn_host(&config, None, &log);
+        wait_ready(&admin, Duration::from_secs(120)).await;
+        let app = OtherApplication::start();
+        Arena {
+            env,
+            attacker,
+            bystander,
+            host,
+            log,
+            _dir: tempdir::Dir(dir),
+            app,
+        }
+    }
+
+    /// Publishes attack scripts (one message each).
+    async fn attack(&self, scripts: &[String]) {
+        for (i, script) in scripts.iter().enumerate() {
+            self.attacker
+                .publish(Some(&format!("attack-{i}-{}", unique("m"))), script)
+                .await;
+        }
+    }
+
+    /// Publishes `n` bystander messages and waits until all applied once; how long it took.
+    async fn bystander_applies(&self, n: i64) -> Duration {
+        let before = self.env.reserved("sku-b").await;
+        let started = Instant::now();
+        for i in 0..n {
+            let script = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-b'"},{"execute":"INSERT INTO bystander_t (v) VALUES ('x')"}]}"#;
+            self.bystander
+                .publish(Some(&format!("by-{i}-{}", unique("m"))), script)
+                .await;
+        }
+        let env = &self.env;
+        wait_until(BYSTANDER_IN_TIME, "the bystander's messages to apply", || async move {
+            (env.reserved("sku-b").await == before + n).then_some(())
+        })
+        .await;
+        started.elapsed()
+    }
+
+    /// Waits until the attacker's stream has no message left to deliver.
+    async fn attack_drained(&self, timeout: Duration) {
+        self.attacker
+            .wait_drained("attacker-v1", timeout)
+            .await;
+    }
+
+    /// The host is still running.
+    fn alive(&mut self) {
+        if let Some(status) = self.host.try_wait().unwrap() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+            panic!("the host exited ({status}); its log ends (reversed):\n{tail}");
+        }
+    }
+
+    /// The host's peak resident memory so far, in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.host.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap()
+            * 1024
+    }
+
+    fn log_text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap()).into_owned()
+    }
+
+    async fn stop(mut self) {
+        self.alive();
+        let failures = self.app.stop().await;
+        assert_eq!(failures, 0, "another application's session failed during the attack");
+        unsafe { libc::kill(self.host.id() as i32, libc::SIGTERM) };
+        wait_exit(&mut self.host, Duration::from_secs(30)).await;
+        self.attacker.cleanup().await;
+        self.bystander.cleanup().await;
+        self.env.cleanup().await;
+    }
+}
+
+/// Another application on the same server: a fresh session every 100 ms that reads the catalog
+/// (taking locks) and its own table. Counts failures.
+struct OtherApplication {
+    stop: Arc<AtomicBool>,
+    failures: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OtherApplication {
+    fn start() -> OtherApplication {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(AtomicU64::new(0));
+        let (s, f) = (stop.clone(), failures.clone());
+        let task = tokio::spawn(async move {
+            use sqlx::Connection;
+            while !s.load(Ordering::Relaxed) {
+                let ok = async {
+                    let mut conn = sqlx::PgConnection::connect(&PG_URL).await?;
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid",
+                    )
+                    .fetch_one(&mut conn)
+                    .await?;
+                    conn.close().await
+                }
+                .await;
+                if let Err(e) = ok {
+                    eprintln!("other application: {e}");
+                    f.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        OtherApplication {
+            stop,
+            failures,
+            task,
+        }
+    }
+
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.task.await;
+        self.failures.load(Ordering::Relaxed)
+    }
+}
+
+/// A testkit script running one statement (`execute` or `query`).
+fn statement(kind: &str, sql: &str) -> String {
+    serde_json::json!({ "steps": [{ kind: sql }] }).to_string()
+}
+
+/// Statements nested or chained `depth` levels deep, in shapes whose parse trees are that deep
+/// (operators, unary operators, casts, parentheses, subqueries, set operations, CASE, function
+/// calls, indirection, array constructors).
+fn deep(shape: usize, depth: usize) -> String {
+    let r = |s: &str| s.repeat(depth);
+    match shape {
+        0 => format!("SELECT 1{}", r("+1")),
+        1 => format!("SELECT {}1", r("-")),
+        2 => format!("SELECT {}true", r("NOT ")),
+        3 => format!("SELECT {}1{}", r("("), r(")")),
+        4 => format!("SELECT 1{}", r("::int")),
+        5 => format!("SELECT {}1{}", r("(SELECT "), r(")")),
+        6 => format!("SELECT 1{}", r(" UNION SELECT 1")),
+        7 => format!("SELECT {}1{}", r("CASE WHEN true THEN "), r(" END")),
+        8 => format!("SELECT {}1{}", r("abs("), r(")")),
+        9 => format!("SELECT {}1{}", r("ARRAY["), r("]")),
+        10 => format!("SELECT 'a'{}", r("||'a'")),
+        11 => format!("SELECT '{{}}'::jsonb{}", r("->'a'")),
+        12 => format!("SELECT 1 WHERE {}true", r("true AND ")),
+        13 => format!("SELECT {}1{}", r("1 IN ("), r(")")),
+        14 => format!("SELECT {}1{}", r("coalesce("), r(")")),
+        _ => format!("SELECT ROW{}1{}", r("(ROW("), r("))")),
+    }
+}
+
+const SHAPES: usize = 16;
+
+/// The length bound of a plugin statement (`sql_gate::MAX_SQL_BYTES`).
+const MAX_SQL_BYTES: usize = 64 << 10;
+
+/// The deepest statements of every shape, swept up to the gate's length bound and past it, are
+/// judged without touching the caller's stack: here the gate is called from a thread with a
+/// 256 KiB stack (a wasmtime fiber has 2 MiB; before the parse moved to the gate's own threads a
+/// 16 KB `SELECT 1+1+…` overflowed it and aborted the host).
+#[test]
+fn any_statement_is_judged_on_the_gates_own_stack() {
+    let judged = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let mut judged = 0;
+            for shape in 0..SHAPES {
+                let unit = deep(shape, 1).len() - deep(shape, 0).len();
+                let at_bound = (MAX_SQL_BYTES - deep(shape, 0).len()) / unit;
+                // Doubling up to the bound, then the steps around it.
+                let depths = std::iter::successors(Some(1), |d| Some(d * 2))
+                    .take_while(|d| *d < at_bound)
+                    .chain(at_bound.saturating_sub(2)..=at_bound + 4);
+                for depth in depths {
+                    let sql = deep(shape, depth);
+                    let verdict = idemhost::test_support::check(&sql);
+                    if sql.len() > MAX_SQL_BYTES {
+                        assert!(verdict.is_err(), "shape {shape}: {} bytes", sql.len());
+                    }
+                    judged += 1;
+                }
+            }
+            judged
+        })
+        .unwrap()
+        .join()
+        .expect("the judging thread survived");
+    eprintln!("{judged} statements judged");
+}
+
+/// A plugin sending the deepest statements the broker carries, of every shape, does not end
+/// or wedge the host: each is refused or run, and the bystander applies meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_statements_cannot_end_the_host() {
+    let mut arena = Arena::start("deep", "max_deliver = 1\nmax_in_flight = 4\n").await;
+    let mut scripts = Vec::new();
+    for shape in 0..SHAPES {
+        let unit = deep(shape, 1).len() - deep(shape, 0).len();
+        for len in [8 << 10, 16 << 10, 32 << 10, MAX_SQL_BYTES - 64, MAX_SQL_BYTES + 64, 600 << 10] {
+            let sql = deep(shape, len / unit);
+            scripts.push(statement(if shape % 2 == 0 { "execute" } else { "query" }, &sql));
+        }
+    }
+    let n = scripts.len();
+    arena.attack(&scripts).await;
+    let took = arena.bystander_applies(4).await;
+    arena.attack_drained(Duration::from_secs(120)).await;
+    arena.alive();
+    eprintln!("{n} deep statements; the bystander's 4 messages applied in {took:?}");
+    arena.stop().await;
+}
+
+/// Lines of the host's log: each one the host wrote starts with its timestamp.
+fn forged_lines(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| !l.is_empty())
+        .filter(|l| {
+            // tracing's text format: `2026-12-05T13:24:57.123456Z  INFO ...`
+            let b = l.as_bytes();
+            !(b.len() > 20 && b[4] == b'-' && b[7] == b'-' && b[10] == b'T')
+        })
+        .collect()
+}
+
+/// What a plugin can make the host log is escaped, attributed and bounded per delivery,
+/// whatever the source: log calls (every control character, lines past the bound, many
+/// lines), its failure reason, database errors quoting its values, notices raised per row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_text_cannot_forge_or_flood_the_hosts_log() {
+    let mut arena = Arena::start("logs", "max_deliver = 1\n").await;
+    let forged = "x\n2026-12-05T00:00:00.000000Z  WARN idemhost::admin: FORGED\r\n";
+    let mut scripts = Vec::new();
+    // Every control character and line separator, alone and in a forged line.
+    for c in (0u32..0x20).chain([0x7f, 0x85, 0x2028, 0x2029, 0x202e]) {
+        let c = char::from_u32(c).unwrap();
+        let text = format!("a{c}2026-12-05T00:00:00.000000Z  WARN idemhost::admin: FORGED {c}b");
+        scripts.push(serde_json::json!({"steps":[{"log": text}]}).to_string());
+        scripts.push(
+            serde_json::json!({"steps":[{"fail":"retryable","reason": text}]}).to_string(),
+        );
+    }
+    // Floods: many lines, long lines, a long reason, a database error quoting a 900 KB value,
+    // and one over the connection's message bound, and a notice per row.
+    let big = forged.repeat(900_000 / forged.len());
+    scripts.push(serde_json::json!({"steps":[{"log": forged, "times": 100_000}]}).to_string());
+    scripts.push(serde_json::json!({"steps":[{"log": big, "times": 1000}]}).to_string());
+    scripts.push(serde_json::json!({"steps":[{"fail":"terminal","reason": big}]}).to_string());
+    scripts.push(statement(
+        "execute",
+        &format!("SELECT (repeat($${forged}$$, 200000))::int"),
+    ));
+    scripts.push(statement(
+        "execute",
+        "SELECT (repeat(E'\\nFORGED', 4000000))::int",
+    ));
+    scripts.push(statement(
+        "execute",
+        "SELECT plainto_tsquery('english', 'the') FROM generate_series(1, 150000)",
+    ));
+    scripts.push(statement(
+        "query",
+        &format!("SELECT 1 AS \"{}\"", "x\nFORGED ".repeat(20)),
+    ));
+    let attacks = scripts.len() as u64;
+    let before = std::fs::metadata(&arena.log).unwrap().len();
+    arena.attack(&scripts).await;
+    arena.bystander_applies(4).await;
+    arena.attack_drained(Duration::from_secs(120)).await;
+    arena.alive();
+    let log = arena.log_text();
+    let forged = forged_lines(&log);
+    assert!(forged.is_empty(), "lines the host did not write: {:?}", &forged[..forged.len().min(5)]);
+    assert!(
+        !log.lines().any(|l| l.contains("FORGED") && !l.contains("idemhost::plugin") && !l.contains("attacker")),
+        "plugin text outside a line attributed to the plugin or its delivery"
+    );
+    let grown = std::fs::metadata(&arena.log).unwrap().len() - before;
+    // 64 KiB of plugin text per attempt, plus the host's own words about each delivery.
+    let bound = attacks * ((64 << 10) + (16 << 10));
+    eprintln!("{attacks} attacks wrote {grown} bytes of log (bound {bound})");
+    assert!(grown < bound, "the log grew {grown} bytes for {attacks} deliveries");
+    arena.stop().await;
+}
+
+/// A plugin cannot fill the server's shared lock table: advisory locks of every name and
+/// scope are refused (a set-returning query taking one per row made every other session fail
+/// with 53200), and neither the bystander nor another application notices the attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_table_stays_shared() {
+    let mut arena = Arena::start("locks", "max_deliver = 1\nmax_in_flight = 8\nhandler_timeout = \"3s\"\n").await;
+    let mut scripts = Vec::new();
+    for f in [
+        "pg_advisory_xact_lock",
+        "pg_advisory_xact_lock_shared",
+        "pg_try_advisory_xact_lock",
+        "pg_try_advisory_xact_lock_shared",
+        "pg_advisory_lock",
+        "pg_try_advisory_lock_shared",
+    ] {
+        for spelled in [
+            f.to_string(),
+            format!("pg_catalog.{f}"),
+            format!("\"{f}\""),
+            f.to_uppercase(),
+        ] {
+            scripts.push(statement(
+                "execute",
+                &format!("SELECT count({spelled}(i)) FROM generate_series(1, 2000000) i"),
+            ));
+            scripts.push(statement(
+                "query",
+                &format!("SELECT count({spelled}(i, i)) FROM generate_series(1, 2000000) i"),
+            ));
+        }
+        // Functional notation.
+        scripts.push(statement(
+            "execute",
+            &format!("SELECT count(i.{f}) FROM (SELECT generate_series(1, 2000000)::bigint) AS i"),
+        ));
+    }
+    arena.attack(&scripts).await;
+    arena.bystander_applies(4).await;
+    arena.attack_drained(Duration::from_secs(120)).await;
+    arena.alive();
+    let dead = arena.attacker.dead_letters().await;
+    assert_eq!(dead.len(), scripts.len(), "every lock attempt failed");
+    for (headers, _) in &dead {
+        let reason = headers
+            .get(idemhost::headers::FAILURE_REASON_HEADER)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        assert!(reason.contains("refused"), "{reason}");
+    }
+    arena.stop().await;
+}
+
+/// A plugin reaches only its own tables' sequences: `nextval` on another consumer's (not
+/// undone by a rollback) could drain it, and then the other consumer's messages failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_consumers_sequence_is_out_of_reach() {
+    let mut arena = Arena::start("seq", "max_deliver = 1\n").await;
+    let env = &arena.env;
+    env.execute("ALTER SEQUENCE bystander_t_id_seq MAXVALUE 1000").await;
+    let mut scripts = Vec::new();
+    for spelled in [
+        "nextval('bystander_t_id_seq')",
+        "nextval('bystander_t_id_seq'::regclass)",
+        "setval('bystander_t_id_seq', 1000)",
+        "currval('bystander_t_id_seq')",
+        "pg_sequence_last_value('bystander_t_id_seq')",
+    ] {
+        scripts.push(statement(
+            "execute",
+            &format!("SELECT count({spelled}) FROM generate_series(1, 2000)"),
+        ));
+    }
+    // Its own sequence works.
+    scripts.push(statement("execute", "INSERT INTO attack_t (v) VALUES ('own')"));
+    arena.attack(&scripts).await;
+    arena.attack_drained(Duration::from_secs(60)).await;
+    assert_eq!(
+        arena.env.scalar("SELECT count(*) FROM attack_t").await,
+        1,
+        "the plugin's own sequence is usable"
+    );
+    let last = arena
+        .env
+        .scalar("SELECT last_value FROM bystander_t_id_seq")
+        .await;
+    assert!(last <= 1, "another consumer's sequence moved to {last}");
+    arena.bystander_applies(4).await;
+    arena.alive();
+    arena.stop().await;
+}
