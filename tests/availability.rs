@@ -24,7 +24,7 @@ struct Arena {
     env: TestEnv,
     attacker: NatsEnv,
     bystander: NatsEnv,
-    host: std::process::Child,
+    host: HostProcess,
     log: PathBuf,
     _dir: tempdir::Dir,
     app: OtherApplication,
@@ -74,7 +74,7 @@ impl Arena {
         let config = dir.join("host.toml");
         std::fs::write(&config, text).unwrap();
         let log = dir.join("host.log");
-        let host = spawn_host(&config, None, &log);
+        let host = HostProcess(spawn_host(&config, None, &log));
         wait_ready(&admin, Duration::from_secs(120)).await;
         let app = OtherApplication::start();
         Arena {
@@ -124,7 +124,7 @@ impl Arena {
 
     /// The host is still running.
     fn alive(&mut self) {
-        if let Some(status) = self.host.try_wait().unwrap() {
+        if let Some(status) = self.host.0.try_wait().unwrap() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
             panic!("the host exited ({status}); its log ends (reversed):\n{tail}");
@@ -133,7 +133,7 @@ impl Arena {
 
     /// The host's peak resident memory so far, in bytes.
     fn peak_rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.host.id())).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.host.0.id())).unwrap();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -150,11 +150,21 @@ impl Arena {
         self.alive();
         let failures = self.app.stop().await;
         assert_eq!(failures, 0, "another application's session failed during the attack");
-        unsafe { libc::kill(self.host.id() as i32, libc::SIGTERM) };
-        wait_exit(&mut self.host, Duration::from_secs(30)).await;
+        unsafe { libc::kill(self.host.0.id() as i32, libc::SIGTERM) };
+        wait_exit(&mut self.host.0, Duration::from_secs(30)).await;
         self.attacker.cleanup().await;
         self.bystander.cleanup().await;
         self.env.cleanup().await;
+    }
+}
+
+/// The host process; a test that fails leaves no host behind (it would hold its connections).
+struct HostProcess(std::process::Child);
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -475,5 +485,44 @@ async fn another_consumers_sequence_is_out_of_reach() {
     assert!(last <= 1, "another consumer's sequence moved to {last}");
     arena.bystander_applies(4).await;
     arena.alive();
+    arena.stop().await;
+}
+
+/// What a plugin makes the server send cannot make the host allocate it: one huge value in a
+/// `query` or an `execute`, a huge error (the server quotes the value), many large rows —
+/// swept from 1 MB to 400 MB. Each backend message over the plugin session's bound (16 MiB +
+/// 64 KiB) is refused from its header; below it, the result bound (16 MiB) applies. Before,
+/// `SELECT repeat('x', 400000000)` grew the host's peak RSS by 1,147 MiB. The host's peak
+/// stays within the stated allowance beside the plugin's memory_limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_results_and_errors_cannot_grow_the_host() {
+    let mut arena = Arena::start(
+        "huge",
+        "max_deliver = 1\nmax_in_flight = 1\nhandler_timeout = \"20s\"\nmemory_limit = \"64MiB\"\n",
+    )
+    .await;
+    let mut scripts = Vec::new();
+    for size in [1_000_000u64, 15_000_000, 17_000_000, 100_000_000, 400_000_000] {
+        for kind in ["query", "execute"] {
+            scripts.push(statement(kind, &format!("SELECT repeat('x', {size})")));
+            scripts.push(statement(kind, &format!("SELECT repeat('x', {size})::int")));
+            scripts.push(statement(
+                kind,
+                &format!("SELECT repeat('x', {}) FROM generate_series(1, 40)", size / 8),
+            ));
+        }
+    }
+    // Warm: the first deliveries (instances, pools) grow the host by themselves.
+    arena.bystander_applies(4).await;
+    let before = arena.peak_rss();
+    arena.attack(&scripts).await;
+    arena.bystander_applies(4).await;
+    arena.attack_drained(Duration::from_secs(300)).await;
+    arena.alive();
+    let grew = arena.peak_rss().saturating_sub(before) >> 20;
+    eprintln!("{} huge results: the host's peak RSS grew {grew} MiB", scripts.len());
+    // The stated bound (SECURITY.md): the plugin's memory_limit (64 MiB here) plus 96 MiB —
+    // one message's buffer, a result's 16 MiB as rows and again as the plugin's values.
+    assert!(grew < 64 + 96, "the host's peak RSS grew {grew} MiB");
     arena.stop().await;
 }
