@@ -429,3 +429,42 @@ async fn hold_advisory_key(
     .await;
     delivery
 }
+
+/// An attempt ends within its deadline and the rollback grace, whatever `statement_timeout`
+/// is: a `query` refused at a row leaves the rest of the result in flight, and the rollback
+/// used to wait for all of it (handler 0.9 ms, transaction 30 s with `statement_timeout` 30 s
+/// and `handler_timeout` 3 s). Swept over the ways a result is refused midway (too many rows,
+/// too many bytes, a type with no sql-value) with a slow tail behind each.
+#[tokio::test]
+async fn a_refused_result_does_not_hold_the_rollback() {
+    let env = TestEnv::new("slowtail").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let plugin = load_plugin("testkit", Duration::from_secs(3));
+    let mut settings = ClaimSettings::new(CONSUMER, Isolation::ReadCommitted);
+    settings.statement_timeout = Duration::from_secs(30);
+    settings.attempt_timeout = Some(Duration::from_secs(3));
+    let c = env.plugin_claimer(settings, &["inventory"]).await;
+    // Each row after the refused one sleeps 10 ms: 30 s for the rest of the result.
+    let slow = "CASE WHEN x > 3 THEN pg_catalog.pg_sleep(0.01) END IS NULL";
+    for (i, sql) in [
+        format!("SELECT x, {slow} FROM generate_series(1, 20000) x"),
+        format!("SELECT repeat('x', 4000000), {slow} FROM generate_series(1, 3000) x"),
+        format!("SELECT x::numeric::money, {slow} FROM generate_series(1, 3000) x"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let script = serde_json::json!({"steps":[{"query": sql}]}).to_string();
+        let started = Instant::now();
+        let p = c
+            .process(plugin.as_ref(), &message(&format!("evt-tail-{i}"), &script))
+            .await;
+        let took = started.elapsed();
+        assert!(matches!(p.outcome, Outcome::RetryableFailure(_)), "{p:?}");
+        // The deadline (3 s) plus the rollback grace (1 s), with room for a loaded machine.
+        assert!(took < Duration::from_secs(6), "{sql}: the attempt took {took:?}");
+    }
+    assert_eq!(env.markers(CONSUMER).await, 0);
+    healthy_delivery_still_applies(&c, &plugin, "evt-after-tails").await;
+    env.cleanup().await;
+}
