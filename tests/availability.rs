@@ -108,18 +108,18 @@ impl Arena {
                 .await;
         }
         let env = &self.env;
-        wait_until(BYSTANDER_IN_TIME, "the bystander's messages to apply", || async move {
-            (env.reserved("sku-b").await == before + n).then_some(())
-        })
+        wait_until(
+            BYSTANDER_IN_TIME,
+            "the bystander's messages to apply",
+            || async move { (env.reserved("sku-b").await == before + n).then_some(()) },
+        )
         .await;
         started.elapsed()
     }
 
     /// Waits until the attacker's stream has no message left to deliver.
     async fn attack_drained(&self, timeout: Duration) {
-        self.attacker
-            .wait_drained("attacker-v1", timeout)
-            .await;
+        self.attacker.wait_drained("attacker-v1", timeout).await;
     }
 
     /// The host is still running.
@@ -149,7 +149,10 @@ impl Arena {
     async fn stop(mut self) {
         self.alive();
         let failures = self.app.stop().await;
-        assert_eq!(failures, 0, "another application's session failed during the attack");
+        assert_eq!(
+            failures, 0,
+            "another application's session failed during the attack"
+        );
         unsafe { libc::kill(self.host.0.id() as i32, libc::SIGTERM) };
         wait_exit(&mut self.host.0, Duration::from_secs(30)).await;
         self.attacker.cleanup().await;
@@ -292,9 +295,19 @@ async fn deep_statements_cannot_end_the_host() {
     let mut scripts = Vec::new();
     for shape in 0..SHAPES {
         let unit = deep(shape, 1).len() - deep(shape, 0).len();
-        for len in [8 << 10, 16 << 10, 32 << 10, MAX_SQL_BYTES - 64, MAX_SQL_BYTES + 64, 600 << 10] {
+        for len in [
+            8 << 10,
+            16 << 10,
+            32 << 10,
+            MAX_SQL_BYTES - 64,
+            MAX_SQL_BYTES + 64,
+            600 << 10,
+        ] {
             let sql = deep(shape, len / unit);
-            scripts.push(statement(if shape % 2 == 0 { "execute" } else { "query" }, &sql));
+            scripts.push(statement(
+                if shape % 2 == 0 { "execute" } else { "query" },
+                &sql,
+            ));
         }
     }
     let n = scripts.len();
@@ -350,9 +363,8 @@ async fn plugin_text_cannot_forge_or_flood_the_hosts_log() {
         let c = char::from_u32(c).unwrap();
         let text = format!("a{c}2026-12-05T00:00:00.000000Z  WARN idemhost::admin: FORGED {c}b");
         scripts.push(serde_json::json!({"steps":[{"log": text}]}).to_string());
-        scripts.push(
-            serde_json::json!({"steps":[{"fail":"retryable","reason": text}]}).to_string(),
-        );
+        scripts
+            .push(serde_json::json!({"steps":[{"fail":"retryable","reason": text}]}).to_string());
     }
     // Floods: many lines, long lines, a long reason, a database error quoting a 900 KB value,
     // and one over the connection's message bound, and a notice per row.
@@ -384,16 +396,25 @@ async fn plugin_text_cannot_forge_or_flood_the_hosts_log() {
     arena.alive();
     let log = plain(&arena.log_text());
     let forged = forged_lines(&log);
-    assert!(forged.is_empty(), "lines the host did not write: {:?}", &forged[..forged.len().min(5)]);
     assert!(
-        !log.lines().any(|l| l.contains("FORGED") && !l.contains("idemhost::plugin") && !l.contains("attacker")),
+        forged.is_empty(),
+        "lines the host did not write: {:?}",
+        &forged[..forged.len().min(5)]
+    );
+    assert!(
+        !log.lines().any(|l| l.contains("FORGED")
+            && !l.contains("idemhost::plugin")
+            && !l.contains("attacker")),
         "plugin text outside a line attributed to the plugin or its delivery"
     );
     let grown = std::fs::metadata(&arena.log).unwrap().len() - before;
     // 64 KiB of plugin text per attempt, plus the host's own words about each delivery.
     let bound = attacks * ((64 << 10) + (16 << 10));
     eprintln!("{attacks} attacks wrote {grown} bytes of log (bound {bound})");
-    assert!(grown < bound, "the log grew {grown} bytes for {attacks} deliveries");
+    assert!(
+        grown < bound,
+        "the log grew {grown} bytes for {attacks} deliveries"
+    );
     arena.stop().await;
 }
 
@@ -402,7 +423,11 @@ async fn plugin_text_cannot_forge_or_flood_the_hosts_log() {
 /// with 53200), and neither the bystander nor another application notices the attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_table_stays_shared() {
-    let mut arena = Arena::start("locks", "max_deliver = 1\nmax_in_flight = 8\nhandler_timeout = \"3s\"\n").await;
+    let mut arena = Arena::start(
+        "locks",
+        "max_deliver = 1\nmax_in_flight = 8\nhandler_timeout = \"3s\"\n",
+    )
+    .await;
     let mut scripts = Vec::new();
     for f in [
         "pg_advisory_xact_lock",
@@ -455,7 +480,8 @@ async fn the_lock_table_stays_shared() {
 async fn another_consumers_sequence_is_out_of_reach() {
     let mut arena = Arena::start("seq", "max_deliver = 1\n").await;
     let env = &arena.env;
-    env.execute("ALTER SEQUENCE bystander_t_id_seq MAXVALUE 1000").await;
+    env.execute("ALTER SEQUENCE bystander_t_id_seq MAXVALUE 1000")
+        .await;
     let mut scripts = Vec::new();
     for spelled in [
         "nextval('bystander_t_id_seq')",
@@ -470,7 +496,10 @@ async fn another_consumers_sequence_is_out_of_reach() {
         ));
     }
     // Its own sequence works.
-    scripts.push(statement("execute", "INSERT INTO attack_t (v) VALUES ('own')"));
+    scripts.push(statement(
+        "execute",
+        "INSERT INTO attack_t (v) VALUES ('own')",
+    ));
     arena.attack(&scripts).await;
     arena.attack_drained(Duration::from_secs(60)).await;
     assert_eq!(
@@ -502,13 +531,22 @@ async fn huge_results_and_errors_cannot_grow_the_host() {
     )
     .await;
     let mut scripts = Vec::new();
-    for size in [1_000_000u64, 15_000_000, 17_000_000, 100_000_000, 400_000_000] {
+    for size in [
+        1_000_000u64,
+        15_000_000,
+        17_000_000,
+        100_000_000,
+        400_000_000,
+    ] {
         for kind in ["query", "execute"] {
             scripts.push(statement(kind, &format!("SELECT repeat('x', {size})")));
             scripts.push(statement(kind, &format!("SELECT repeat('x', {size})::int")));
             scripts.push(statement(
                 kind,
-                &format!("SELECT repeat('x', {}) FROM generate_series(1, 40)", size / 8),
+                &format!(
+                    "SELECT repeat('x', {}) FROM generate_series(1, 40)",
+                    size / 8
+                ),
             ));
         }
     }
@@ -520,7 +558,10 @@ async fn huge_results_and_errors_cannot_grow_the_host() {
     arena.attack_drained(Duration::from_secs(300)).await;
     arena.alive();
     let grew = arena.peak_rss().saturating_sub(before) >> 20;
-    eprintln!("{} huge results: the host's peak RSS grew {grew} MiB", scripts.len());
+    eprintln!(
+        "{} huge results: the host's peak RSS grew {grew} MiB",
+        scripts.len()
+    );
     // The stated bound (SECURITY.md): the plugin's memory_limit (64 MiB here) plus 96 MiB —
     // one message's buffer, a result's 16 MiB as rows and again as the plugin's values.
     assert!(grew < 64 + 96, "the host's peak RSS grew {grew} MiB");
@@ -548,9 +589,15 @@ async fn a_producer_cannot_borrow_another_messages_marker() {
         vec![],
         vec![(REPLAY_SIGNATURE_HEADER, String::new())],
         vec![(REPLAY_SIGNATURE_HEADER, "0".repeat(64))],
-        vec![(REPLAY_SIGNATURE_HEADER, "f".repeat(64)), (REPLAYED_FROM_HEADER, "X/1".into())],
+        vec![
+            (REPLAY_SIGNATURE_HEADER, "f".repeat(64)),
+            (REPLAYED_FROM_HEADER, "X/1".into()),
+        ],
         vec![(REPLAYED_FROM_HEADER, "X/1".into())],
-        vec![(REPLAY_SIGNATURE_HEADER, "z".repeat(200)), (REPLAYED_FROM_HEADER, String::new())],
+        vec![
+            (REPLAY_SIGNATURE_HEADER, "z".repeat(200)),
+            (REPLAYED_FROM_HEADER, String::new()),
+        ],
     ];
     let n = forgeries.len() as i64;
     for (i, extra) in forgeries.into_iter().enumerate() {
@@ -564,16 +611,22 @@ async fn a_producer_cannot_borrow_another_messages_marker() {
         arena
             .bystander
             .js
-            .publish_with_headers(arena.bystander.subject(), headers, script.as_bytes().to_vec().into())
+            .publish_with_headers(
+                arena.bystander.subject(),
+                headers,
+                script.as_bytes().to_vec().into(),
+            )
             .await
             .unwrap()
             .await
             .unwrap();
     }
     let env = &arena.env;
-    wait_until(BYSTANDER_IN_TIME, "every message to apply under its own id", || async move {
-        (env.reserved("sku-b").await == before + n).then_some(())
-    })
+    wait_until(
+        BYSTANDER_IN_TIME,
+        "every message to apply under its own id",
+        || async move { (env.reserved("sku-b").await == before + n).then_some(()) },
+    )
     .await;
     arena.alive();
     arena.stop().await;

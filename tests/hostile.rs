@@ -326,110 +326,6 @@ async fn a_consumer_role_confines_the_plugin() {
     env.cleanup().await;
 }
 
-/// A plugin cannot stall the host's own bookkeeping with advisory locks, which any session may
-/// take under any key: while a delivery holds the key the host once serialized role
-/// provisioning with (`hashtext('idemhost.provision')`, transaction-level, which the gate lets
-/// through), another host provisioning a consumer role in the same schema goes through at once
-/// instead of waiting for the plugin's transaction to end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_holding_advisory_locks_cannot_stall_provisioning() {
-    let env = TestEnv::new("advisory").await;
-    let delivery = hold_advisory_key(&env, "hashtext('idemhost.provision')").await;
-    let started = Instant::now();
-    let other = env.plugin_role("other-v1");
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        idemhost::test_support::pg::wall::provision_role(&env.pool, "other-v1", &other, &[], None),
-    )
-    .await
-    .expect("provisioning waited for the plugin's advisory lock")
-    .unwrap();
-    eprintln!(
-        "provisioned beside the plugin's lock in {:?}",
-        started.elapsed()
-    );
-    assert!(
-        env.scalar(&format!(
-            "SELECT count(*) FROM pg_roles WHERE rolname = '{other}'"
-        ))
-        .await
-            == 1
-    );
-    assert_eq!(delivery.await.unwrap().outcome, Outcome::Applied);
-    env.cleanup().await;
-}
-
-/// The same for the host's migrations: sqlx serializes them on an advisory key derived from the
-/// database's name (`0x3d32ad9e × crc32(name)`), which a plugin can compute and hold. While a
-/// delivery holds it, another host migrating the schema goes through at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_holding_the_migration_key_cannot_stall_migrations() {
-    let env = TestEnv::new("migkey").await;
-    let database: String = sqlx::query_scalar("SELECT current_database()::text")
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-    let key = 0x3d32ad9e_i64 * i64::from(crc32(database.as_bytes()));
-    let delivery = hold_advisory_key(&env, &key.to_string()).await;
-    let started = Instant::now();
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        idemhost::migrate(&env.pool, Some(&env.schema)),
-    )
-    .await
-    .expect("migrating waited for the plugin's advisory lock")
-    .unwrap();
-    eprintln!(
-        "migrated beside the plugin's lock in {:?}",
-        started.elapsed()
-    );
-    assert_eq!(delivery.await.unwrap().outcome, Outcome::Applied);
-    env.cleanup().await;
-}
-
-/// CRC-32 (ISO-HDLC, the zlib one), as sqlx derives its migration lock key.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
-/// Starts a delivery whose plugin takes the transaction-level advisory lock `key` (an SQL
-/// expression) and keeps its transaction open 4 s; returns once the lock is held.
-async fn hold_advisory_key(
-    env: &TestEnv,
-    key: &str,
-) -> tokio::task::JoinHandle<idemhost::Processed> {
-    let c = claimer(env).await;
-    let plugin = load_plugin("testkit", Duration::from_secs(10));
-    let hold = format!(
-        r#"{{"steps":[{{"query":"SELECT pg_advisory_xact_lock({key})"}},{{"query":"SELECT pg_sleep(4)"}}]}}"#
-    );
-    let delivery = tokio::spawn(async move {
-        c.process(plugin.as_ref(), &message("evt-hold", &hold))
-            .await
-    });
-    let plugin_role = env.plugin_role(CONSUMER);
-    wait_until(Duration::from_secs(10), "the plugin holds its lock", || {
-        let sql = format!(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
-             WHERE l.locktype = 'advisory' AND l.granted AND a.usename = '{plugin_role}'"
-        );
-        async move { (env.scalar(&sql).await > 0).then_some(()) }
-    })
-    .await;
-    delivery
-}
-
 /// An attempt ends within its deadline and the rollback grace, whatever `statement_timeout`
 /// is: a `query` refused at a row leaves the rest of the result in flight, and the rollback
 /// used to wait for all of it (handler 0.9 ms, transaction 30 s with `statement_timeout` 30 s
@@ -462,7 +358,10 @@ async fn a_refused_result_does_not_hold_the_rollback() {
         let took = started.elapsed();
         assert!(matches!(p.outcome, Outcome::RetryableFailure(_)), "{p:?}");
         // The deadline (3 s) plus the rollback grace (1 s), with room for a loaded machine.
-        assert!(took < Duration::from_secs(6), "{sql}: the attempt took {took:?}");
+        assert!(
+            took < Duration::from_secs(6),
+            "{sql}: the attempt took {took:?}"
+        );
     }
     assert_eq!(env.markers(CONSUMER).await, 0);
     healthy_delivery_still_applies(&c, &plugin, "evt-after-tails").await;

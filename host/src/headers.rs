@@ -173,7 +173,11 @@ mod tests {
                 .contains("missing")
         );
         h.insert("Nats-Msg-Id", "");
-        assert!(message_id(&h, "Nats-Msg-Id", None).unwrap_err().contains("empty"));
+        assert!(
+            message_id(&h, "Nats-Msg-Id", None)
+                .unwrap_err()
+                .contains("empty")
+        );
         h.insert("Nats-Msg-Id", "x".repeat(257).as_str());
         assert!(
             message_id(&h, "Nats-Msg-Id", None)
@@ -200,7 +204,11 @@ mod tests {
             format!("{good}0"),
         ] {
             h.insert(REPLAY_SIGNATURE_HEADER, forged.as_str());
-            assert_eq!(message_id(&h, "Nats-Msg-Id", Some("k")).unwrap(), "evt-1", "{forged}");
+            assert_eq!(
+                message_id(&h, "Nats-Msg-Id", Some("k")).unwrap(),
+                "evt-1",
+                "{forged}"
+            );
         }
         h.insert(REPLAY_SIGNATURE_HEADER, good.as_str());
         assert_eq!(message_id(&h, "Nats-Msg-Id", Some("k")).unwrap(), "evt-7");

@@ -15,9 +15,9 @@ pub(crate) mod failover;
 mod tx;
 pub mod wall;
 pub(crate) use failover::Failover;
-pub(crate) use tx::{Backend, last_flag};
 #[cfg(feature = "test-support")]
 pub use tx::session_failed;
+pub(crate) use tx::{Backend, last_flag};
 pub use tx::{Connections, Tx};
 pub use wall::Wall;
 

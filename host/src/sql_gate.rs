@@ -239,8 +239,8 @@ fn judge(sql: &str) -> Result<(), String> {
 /// depth). A `VALUES` list of thousands of rows stays shallow; `1+1+…` does not.
 fn depth_bound(sql: &str) -> Result<usize, String> {
     use pg_query::protobuf::Token;
-    let scanned = pg_query::scan(sql)
-        .map_err(|e| format!("statement refused: it does not parse ({e})"))?;
+    let scanned =
+        pg_query::scan(sql).map_err(|e| format!("statement refused: it does not parse ({e})"))?;
     let mut groups: Vec<(usize, usize)> = Vec::new();
     let (mut base, mut element, mut deepest) = (0usize, 0usize, 0usize);
     for token in &scanned.tokens {

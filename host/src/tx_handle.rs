@@ -4,9 +4,9 @@
 //! handle, so a handler that swallows it cannot get a half-done effect committed. Past the
 //! attempt's deadline a statement still running is stopped on the server.
 
-use std::sync::Arc;
 use futures::TryStreamExt;
 use sqlx::{AssertSqlSafe, PgPool};
+use std::sync::Arc;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -200,7 +200,10 @@ impl TxHandle {
     }
 
     async fn execute_untraced(&self, sql: &str, params: &[SqlValue]) -> Result<u64, TxError> {
-        let args = match sql_gate::admit(sql).await.and_then(|()| sql_gate::bind(params)) {
+        let args = match sql_gate::admit(sql)
+            .await
+            .and_then(|()| sql_gate::bind(params))
+        {
             Ok(args) => args,
             Err(reason) => return self.refuse(reason).await,
         };
@@ -245,7 +248,10 @@ impl TxHandle {
         sql: &str,
         params: &[SqlValue],
     ) -> Result<Vec<Vec<SqlValue>>, TxError> {
-        let args = match sql_gate::admit(sql).await.and_then(|()| sql_gate::bind(params)) {
+        let args = match sql_gate::admit(sql)
+            .await
+            .and_then(|()| sql_gate::bind(params))
+        {
             Ok(args) => args,
             Err(reason) => return self.refuse(reason).await,
         };

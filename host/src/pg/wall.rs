@@ -379,7 +379,9 @@ async fn provision_role_once(
     // not undone by a rollback, so USAGE on another consumer's sequence let a plugin drain it
     // with deliveries that never committed. Earlier versions granted every sequence of the
     // schema: that is taken back first.
-    grants.push(format!("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {s} FROM {r}"));
+    grants.push(format!(
+        "REVOKE ALL ON ALL SEQUENCES IN SCHEMA {s} FROM {r}"
+    ));
     for sequence in owned_sequences(&mut tx, &schema, tables).await? {
         grants.push(format!("GRANT USAGE ON SEQUENCE {sequence} TO {r}"));
     }
