@@ -34,8 +34,7 @@ pub fn read(
 ) -> Result<Message, Refused> {
     source::read_message(
         consumer,
-        // A rehearsal trusts no replay id: nothing it reads was republished by a host.
-        message_id(headers, &consumer.id_header, None),
+        message_id(headers, &consumer.id_header),
         header(headers, EVENT_TYPE_HEADER),
         headers,
         subject,
