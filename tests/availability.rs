@@ -567,3 +567,67 @@ async fn huge_results_and_errors_cannot_grow_the_host() {
     assert!(grew < 64 + 96, "the host's peak RSS grew {grew} MiB");
     arena.stop().await;
 }
+
+/// A producer cannot choose which marker its message claims: `Idemhost-Message-Id` is
+/// honoured only on a replay the host signed. Messages carrying another message's id in it —
+/// unsigned, or with forged, truncated, re-cased or misplaced signatures — are processed under
+/// their own `Nats-Msg-Id` (each applies once); before, every one was skipped as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_cannot_borrow_another_messages_marker() {
+    use idemhost::headers::{REPLAY_ID_HEADER, REPLAY_SIGNATURE_HEADER, REPLAYED_FROM_HEADER};
+    let mut arena = Arena::start("borrow", "").await;
+    arena.bystander_applies(1).await;
+    let applied: Vec<String> = sqlx::query_scalar(
+        "SELECT message_id FROM processed_message WHERE consumer_name = 'bystander-v1'",
+    )
+    .fetch_all(&arena.env.pool)
+    .await
+    .unwrap();
+    let victim = &applied[0];
+    let before = arena.env.reserved("sku-b").await;
+    let forgeries: Vec<Vec<(&str, String)>> = vec![
+        vec![],
+        vec![(REPLAY_SIGNATURE_HEADER, String::new())],
+        vec![(REPLAY_SIGNATURE_HEADER, "0".repeat(64))],
+        vec![
+            (REPLAY_SIGNATURE_HEADER, "f".repeat(64)),
+            (REPLAYED_FROM_HEADER, "X/1".into()),
+        ],
+        vec![(REPLAYED_FROM_HEADER, "X/1".into())],
+        vec![
+            (REPLAY_SIGNATURE_HEADER, "z".repeat(200)),
+            (REPLAYED_FROM_HEADER, String::new()),
+        ],
+    ];
+    let n = forgeries.len() as i64;
+    for (i, extra) in forgeries.into_iter().enumerate() {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("own-{i}-{}", unique("m")).as_str());
+        headers.insert(REPLAY_ID_HEADER, victim.as_str());
+        for (name, value) in extra {
+            headers.insert(name, value.as_str());
+        }
+        let script = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-b'"}]}"#;
+        arena
+            .bystander
+            .js
+            .publish_with_headers(
+                arena.bystander.subject(),
+                headers,
+                script.as_bytes().to_vec().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let env = &arena.env;
+    wait_until(
+        BYSTANDER_IN_TIME,
+        "every message to apply under its own id",
+        || async move { (env.reserved("sku-b").await == before + n).then_some(()) },
+    )
+    .await;
+    arena.alive();
+    arena.stop().await;
+}

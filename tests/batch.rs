@@ -195,6 +195,7 @@ async fn batches_through_nats_apply_once_and_dead_letter_failures() {
         "inventory",
         "max_in_flight = 4\nbatch_max = 25\nbatch_linger = \"5ms\"",
     )));
+    let key = env.host_key().await;
     let mut messages = Vec::new();
     for i in 0..DISTINCT {
         let id = format!("evt-{i}");
@@ -204,7 +205,7 @@ async fn batches_through_nats_apply_once_and_dead_letter_failures() {
             let mut h = async_nats::HeaderMap::new();
             // A copy under another broker id: JetStream keeps it, the marker decides.
             h.insert("Nats-Msg-Id", format!("{id}/{copy}").as_str());
-            h.insert("Idemhost-Message-Id", id.as_str());
+            replayed(&mut h, &key, &id);
             messages.push((h, order_payload(&id, sku, 1)));
         }
     }

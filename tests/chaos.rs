@@ -302,6 +302,7 @@ async fn a_duplicate_storm_applies_each_id_once() {
         "inventory",
         "max_in_flight = 16",
     )));
+    let key = env.host_key().await;
     let mut messages = Vec::new();
     let mut fresh = 0;
     for round in 0..REPEATS {
@@ -309,7 +310,7 @@ async fn a_duplicate_storm_applies_each_id_once() {
             let id = format!("hot-{hot}");
             let mut h = async_nats::HeaderMap::new();
             h.insert("Nats-Msg-Id", format!("storm-{round}-{hot}").as_str());
-            h.insert("Idemhost-Message-Id", id.as_str());
+            replayed(&mut h, &key, &id);
             messages.push((h, order_payload(&id, "sku-1", 1)));
             if hot % 10 == 0 && fresh < FRESH {
                 let id = format!("new-{fresh}");

@@ -21,7 +21,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Publishes `(broker id, message id)` pairs, pipelined, retrying each until the stream stored
 /// it (during a leader change publishes fail or time out; the broker id makes a retry safe).
-async fn publish_all(js: &jetstream::Context, subject: &str, events: &[(String, String)]) {
+async fn publish_all(
+    js: &jetstream::Context,
+    subject: &str,
+    key: &str,
+    events: &[(String, String)],
+) {
     for chunk in events.chunks(256) {
         let mut pending: Vec<&(String, String)> = chunk.iter().collect();
         while !pending.is_empty() {
@@ -29,7 +34,7 @@ async fn publish_all(js: &jetstream::Context, subject: &str, events: &[(String, 
             for (broker_id, id) in &pending {
                 let mut h = async_nats::HeaderMap::new();
                 h.insert("Nats-Msg-Id", broker_id.as_str());
-                h.insert("Idemhost-Message-Id", id.as_str());
+                replayed(&mut h, key, id);
                 let sent = js
                     .publish_with_headers(
                         subject.to_string(),
@@ -139,7 +144,8 @@ async fn a_cluster_losing_its_leader_and_pausing_a_node_loses_and_doubles_nothin
     let started = Instant::now();
     let publisher = {
         let (js, subject, events) = (js.clone(), subject.clone(), events.clone());
-        tokio::spawn(async move { publish_all(&js, &subject, &events).await })
+        let key = env.host_key().await;
+        tokio::spawn(async move { publish_all(&js, &subject, &key, &events).await })
     };
 
     // Midway: the stream leader SIGKILLed, then restarted.

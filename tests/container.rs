@@ -58,7 +58,7 @@ impl Container {
 /// Publishes `n` OrderPlaced for `ids`; every fifth also goes out a second time under a fresh
 /// broker id with the original in `Idemhost-Message-Id`: a duplicate delivery the broker cannot
 /// absorb, so the marker must.
-async fn publish_batch(nats: &NatsEnv, ids: &[String]) {
+async fn publish_batch(nats: &NatsEnv, key: &str, ids: &[String]) {
     let mut acks = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let payload = order_payload(id, &format!("sku-{}", i % 10), 1);
@@ -71,7 +71,7 @@ async fn publish_batch(nats: &NatsEnv, ids: &[String]) {
             headers.insert("Nats-Msg-Id", broker_id.as_str());
             headers.insert("Idemhost-Event-Type", "OrderPlaced");
             if let Some(original) = &original {
-                headers.insert("Idemhost-Message-Id", original.as_str());
+                replayed(&mut headers, key, original);
             }
             let ack = nats
                 .js
@@ -172,7 +172,8 @@ async fn container_applies_once_drains_on_stop_and_resumes_without_loss_or_doubl
 
     // First batch: 800 ids, 1,000 deliveries.
     let first: Vec<String> = (0..800).map(|i| format!("a-{i}")).collect();
-    publish_batch(&nats, &first).await;
+    let key = env.host_key().await;
+    publish_batch(&nats, &key, &first).await;
     nats.wait_drained(CONSUMER, Duration::from_secs(120)).await;
     assert_eq!(env.markers(CONSUMER).await, 800, "{}", container.logs());
     assert_eq!(
@@ -183,7 +184,7 @@ async fn container_applies_once_drains_on_stop_and_resumes_without_loss_or_doubl
 
     // Second batch, stopped in the middle: SIGTERM drains what is in flight and exits 0.
     let second: Vec<String> = (0..3000).map(|i| format!("b-{i}")).collect();
-    publish_batch(&nats, &second).await;
+    publish_batch(&nats, &key, &second).await;
     wait_until(
         Duration::from_secs(60),
         "part of the second batch",

@@ -121,9 +121,9 @@ async fn stored(nats: &NatsEnv, subject: &str) -> Vec<(String, bool)> {
 }
 
 /// Re-publishes one message in five seen on `<prefix>.>` (chosen by a hash of its id, so the
-/// run is reproducible) as a second delivery of the same message: the original id in
-/// `Idemhost-Message-Id`, a fresh broker id — a duplicate at every hop of the flow.
-async fn duplicator(nats: &NatsEnv) -> tokio::task::JoinHandle<()> {
+/// run is reproducible) as a second delivery of the same message: the original id as a signed
+/// replay's (`key` is the host key), a fresh broker id — a duplicate at every hop of the flow.
+async fn duplicator(nats: &NatsEnv, key: String) -> tokio::task::JoinHandle<()> {
     let mut sub = nats
         .client
         .subscribe(format!("{}.>", nats.prefix))
@@ -147,8 +147,8 @@ async fn duplicator(nats: &NatsEnv) -> tokio::task::JoinHandle<()> {
                 continue;
             }
             let mut copy = h.clone();
-            copy.insert("Idemhost-Message-Id", id.as_str());
             copy.insert("Nats-Msg-Id", format!("dup/{id}").as_str());
+            replayed(&mut copy, &key, &id);
             copy.insert("Idemhost-Test-Duplicate", "1");
             if let Ok(ack) = js
                 .publish_with_headers(m.subject.clone(), copy, m.payload.clone())
@@ -167,7 +167,7 @@ async fn duplicator(nats: &NatsEnv) -> tokio::task::JoinHandle<()> {
 async fn five_hundred_orders_with_duplicates_at_every_hop() {
     const ORDERS: usize = 500;
     let (env, nats, host, admin) = order_flow("orderflow").await;
-    let dup = duplicator(&nats).await;
+    let dup = duplicator(&nats, env.host_key().await).await;
     let started = Instant::now();
     for i in 0..ORDERS {
         let payload = placed(

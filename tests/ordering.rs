@@ -26,7 +26,8 @@ async fn each_key_applies_its_versions_once_and_in_order() {
     );
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
 
-    let (messages, duplicates, failing) = versioned_events(KEYS, VERSIONS, 7, true);
+    let (messages, duplicates, failing) =
+        versioned_events(&env.host_key().await, KEYS, VERSIONS, 7, true);
     let published = messages.len();
     let messages = messages.into_iter().map(|(_, h, script)| (h, script));
     nats.publish_many(messages).await;

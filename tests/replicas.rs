@@ -52,19 +52,21 @@ async fn three_replicas_one_killed_twice_apply_each_message_once() {
     std::fs::write(&config, text).unwrap();
 
     let mut distinct = 0;
+    let key = env.host_key().await;
     let mut messages = Vec::new();
     for i in 0..EVENTS {
         let mut h = async_nats::HeaderMap::new();
-        let id = if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1 {
+        let (id, original) = if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1 {
             // The same message again, under a fresh broker id: the marker must decide.
-            let original = format!("evt-{}", i - 5);
-            h.insert("Idemhost-Message-Id", original.as_str());
-            format!("again-{i}")
+            (format!("again-{i}"), Some(format!("evt-{}", i - 5)))
         } else {
             distinct += 1;
-            format!("evt-{i}")
+            (format!("evt-{i}"), None)
         };
         h.insert("Nats-Msg-Id", id.as_str());
+        if let Some(original) = &original {
+            replayed(&mut h, &key, original);
+        }
         messages.push((h, order_payload(&id, "sku-1", 1)));
     }
     nats.publish_many(messages).await;
@@ -173,7 +175,8 @@ async fn partitions_keep_each_keys_order_across_replicas_when_one_dies() {
         )
         .await;
     }
-    let (events, duplicates, _) = versioned_events(KEYS, VERSIONS, 11, false);
+    let (events, duplicates, _) =
+        versioned_events(&env.host_key().await, KEYS, VERSIONS, 11, false);
     let prefix = nats.prefix.clone();
     nats.publish_many_to(
         events

@@ -33,11 +33,13 @@ const HEALTHY: &str = "healthy-v1";
 /// Where the lo_export / COPY attempts try to write.
 const FILE: &str = "/tmp/idemhost-wall-breach";
 
-fn headers(nats_id: &str, message_id: Option<&str>) -> async_nats::HeaderMap {
+/// Headers under broker id `nats_id`; with `replay` (the host key, a message id), a signed
+/// replay of that id (a second delivery the marker must decide).
+fn headers(nats_id: &str, replay: Option<(&str, &str)>) -> async_nats::HeaderMap {
     let mut h = async_nats::HeaderMap::new();
     h.insert("Nats-Msg-Id", nats_id);
-    if let Some(id) = message_id {
-        h.insert("Idemhost-Message-Id", id);
+    if let Some((key, id)) = replay {
+        replayed(&mut h, key, id);
     }
     h
 }
@@ -123,6 +125,7 @@ async fn attack_the_wall(setup: SetUp) {
             serde_json::json!(id)
         )
     };
+    let key = db.host_key().await;
     let mut messages = vec![(headers("probe-start", None), probe("start"))];
     for (i, attack) in attacks.iter().enumerate() {
         messages.push((
@@ -134,8 +137,8 @@ async fn attack_the_wall(setup: SetUp) {
             probe(&format!("after-{i}")),
         ));
         let id = format!("twice-{i}");
-        messages.push((headers(&format!("{id}-a"), Some(&id)), twice(&id)));
-        messages.push((headers(&format!("{id}-b"), Some(&id)), twice(&id)));
+        messages.push((headers(&format!("{id}-a"), Some((&key, &id))), twice(&id)));
+        messages.push((headers(&format!("{id}-b"), Some((&key, &id))), twice(&id)));
     }
     wall.publish_many(messages).await;
     healthy.publish_many(orders(50)).await;
@@ -495,6 +498,7 @@ async fn a_changed_client_encoding_cannot_make_a_claim_miss() {
             serde_json::json!(label)
         )
     };
+    let key = db.host_key().await;
     let switch = r#"{"steps":[{"query":"SELECT set_config('client_encoding', 'LATIN1', false)"}]}"#;
     let fail =
         r#"{"steps":[{"fail":"terminal","reason":"makes the batch run again with savepoints"}]}"#;
@@ -502,12 +506,12 @@ async fn a_changed_client_encoding_cannot_make_a_claim_miss() {
     nats.publish_many([
         (headers("enc-switch", None), switch.to_string()),
         (headers("enc-fail", None), fail.to_string()),
-        (headers("enc-a", Some(id)), insert(id)),
+        (headers("enc-a", Some((&key, id))), insert(id)),
     ])
     .await;
     nats.wait_drained(WALL, Duration::from_secs(60)).await;
     // The same message again, past the broker.
-    nats.publish_many([(headers("enc-b", Some(id)), insert(id))])
+    nats.publish_many([(headers("enc-b", Some((&key, id))), insert(id))])
         .await;
     nats.wait_drained(WALL, Duration::from_secs(60)).await;
     unsafe_kill(&host);

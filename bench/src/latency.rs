@@ -86,7 +86,7 @@ pub(super) async fn paced(
 ) -> anyhow::Result<serde_json::Value> {
     reset(db_url).await?;
     dead_letter_stream(js).await?;
-    publish(js, 0, 0.0, SUBJECT, STREAM).await?;
+    publish(js, "", 0, 0.0, SUBJECT, STREAM).await?;
     let total = ((rate * f64::from(o.latency_seconds)) as usize).max(10);
     let acks: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
     let mut sub = client

@@ -199,7 +199,15 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
         }
         if let Some(node) = &node {
             reset(&db_url).await?;
-            publish(&js, o.n, 0.0, "idemhost_bench_node", "IDEMHOST_BENCH_NODE").await?;
+            publish(
+                &js,
+                "",
+                o.n,
+                0.0,
+                "idemhost_bench_node",
+                "IDEMHOST_BENCH_NODE",
+            )
+            .await?;
             match node.run(&db_url, c, o.n).await {
                 Ok(rate) => {
                     verify(&db_url, o.n).await.context("node peer")?;
@@ -332,8 +340,8 @@ async fn database_url(o: &BenchOptions) -> anyhow::Result<String> {
 }
 
 /// Recreates the seed's two tables (the host's migrations, the example's inventory with 1,000
-/// SKUs), as the peers' reset does.
-async fn reset(db_url: &str) -> anyhow::Result<()> {
+/// SKUs), as the peers' reset does; returns the new host key (it signs replayed ids).
+async fn reset(db_url: &str) -> anyhow::Result<String> {
     let pool = connect(db_url, 2).await?;
     // The bench database is the bench's own: its schema is dropped whole (tables, the outbox
     // trigger function, the migration history).
@@ -341,8 +349,11 @@ async fn reset(db_url: &str) -> anyhow::Result<()> {
         .execute(&pool)
         .await?;
     seed_tables(&pool, None, 1..=SKUS as i32).await?;
+    let key = sqlx::query_scalar("SELECT key FROM idemhost_key")
+        .fetch_one(&pool)
+        .await?;
     pool.close().await;
-    Ok(())
+    Ok(key)
 }
 
 /// The seed's tables in `pool`'s database: the host's migrations (into `schema`, as
@@ -399,6 +410,7 @@ async fn verify(db_url: &str, distinct: usize) -> anyhow::Result<()> {
 /// share repeats earlier ids under fresh broker ids. Returns the number of distinct ids.
 async fn publish(
     js: &jetstream::Context,
+    host_key: &str,
     n: usize,
     duplicates: f64,
     subject: &str,
@@ -421,11 +433,19 @@ async fn publish(
             (i - distinct) * distinct / repeats.max(1)
         };
         let (mut headers, payload) = order(k);
-        headers.insert("Nats-Msg-Id", format!("evt-{k}/{i}").as_str());
-        headers.insert(
-            idemhost::headers::REPLAY_ID_HEADER,
-            format!("evt-{k}").as_str(),
-        );
+        let broker_id = format!("evt-{k}/{i}");
+        headers.insert("Nats-Msg-Id", broker_id.as_str());
+        if i >= distinct {
+            // A repeat: the host reads the original id only from a replay it signed.
+            use idemhost::headers::{
+                REPLAY_ID_HEADER, REPLAY_SIGNATURE_HEADER, REPLAYED_FROM_HEADER,
+            };
+            let (id, from) = (format!("evt-{k}"), format!("BENCH/{broker_id}"));
+            let signature = idemhost::headers::replay_signature(host_key, &id, &from);
+            headers.insert(REPLAY_ID_HEADER, id.as_str());
+            headers.insert(REPLAYED_FROM_HEADER, from.as_str());
+            headers.insert(REPLAY_SIGNATURE_HEADER, signature.as_str());
+        }
         (subject.to_string(), headers, payload)
     });
     publish_pipelined(js, events).await?;
@@ -524,9 +544,9 @@ async fn drain(
     mode: &str,
     c: u32,
 ) -> anyhow::Result<HostRun> {
-    reset(db_url).await?;
+    let host_key = reset(db_url).await?;
     dead_letter_stream(js).await?;
-    let distinct = publish(js, o.n, o.duplicates, SUBJECT, STREAM).await?;
+    let distinct = publish(js, &host_key, o.n, o.duplicates, SUBJECT, STREAM).await?;
     let extra = mode_config(o, mode, c);
     let mut host = Host::new(host_config(db_url, o, 1, &extra)?);
     if mode == "native" {

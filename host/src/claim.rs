@@ -254,6 +254,14 @@ impl Claimer {
             })
     }
 
+    /// The schema's host key (it signs the replay ids the host honours).
+    pub(crate) async fn host_key(&self) -> Result<String, String> {
+        self.wall()
+            .await
+            .map(|w| w.key.clone())
+            .map_err(|f| f.reason)
+    }
+
     /// How to end the session of backend `pid` from the host's side.
     fn backend(&self, pid: i32) -> pg::Backend {
         pg::Backend {

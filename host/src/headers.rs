@@ -10,8 +10,13 @@ use crate::config::MAX_MESSAGE_ID_BYTES;
 /// (`consumers.id_header`).
 pub const NATS_MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// Header read before the configured id header: set by dead-letter replays, which must carry
-/// the original id while publishing under a fresh broker-level id.
+/// the original id while publishing under a fresh broker-level id. Honoured only with a valid
+/// [`REPLAY_SIGNATURE_HEADER`]: a producer cannot choose which marker its message claims.
 pub const REPLAY_ID_HEADER: &str = "Idemhost-Message-Id";
+/// A replay's proof that the host's own `dlq replay` set [`REPLAY_ID_HEADER`]: HMAC-SHA256,
+/// keyed with the schema's host key (which no plugin or producer can read), of the id and the
+/// [`REPLAYED_FROM_HEADER`] value, in hex.
+pub const REPLAY_SIGNATURE_HEADER: &str = "Idemhost-Replay-Signature";
 /// Header naming the event type (else the subject is used).
 pub const EVENT_TYPE_HEADER: &str = "Idemhost-Event-Type";
 /// The header a producer conventionally puts a per-key ordering key in (`ordering.key =
@@ -40,10 +45,60 @@ pub(crate) fn header(headers: &HeaderMap, name: &str) -> Option<String> {
     headers.get(name).map(|v| v.as_str().to_string())
 }
 
-/// The delivery's message id: `Idemhost-Message-Id` if present, else `id_header`. Missing,
-/// empty and over-long ids are refused (terminal): an id is never invented.
-pub(crate) fn message_id(headers: &HeaderMap, id_header: &str) -> Result<String, String> {
-    let (name, value) = match header(headers, REPLAY_ID_HEADER) {
+/// The signature of a replay of message `id` from dead letter `from` (see
+/// [`REPLAY_SIGNATURE_HEADER`]), under `key`, the schema's host key (`SELECT key FROM
+/// idemhost_key`, readable by the host's role only). `idemhost dlq replay` signs with it; a
+/// tool of the operator's that republishes messages for the marker to decide may too.
+pub fn replay_signature(key: &str, id: &str, from: &str) -> String {
+    use sha2::{Digest, Sha256};
+    // HMAC (RFC 2104) over SHA-256; the key is shorter than the 64-byte block, else hashed.
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key.as_bytes()));
+    } else {
+        block[..key.len()].copy_from_slice(key.as_bytes());
+    }
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(b"idemhost-replay\0")
+        .chain_update(id.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(from.as_bytes())
+        .finalize();
+    let outer = Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize();
+    outer.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `headers` carry a replay id the host itself signed with `key`.
+fn signed_replay(headers: &HeaderMap, key: Option<&str>) -> Option<String> {
+    let key = key?;
+    let id = header(headers, REPLAY_ID_HEADER)?;
+    let from = header(headers, REPLAYED_FROM_HEADER)?;
+    let given = header(headers, REPLAY_SIGNATURE_HEADER)?;
+    let expected = replay_signature(key, &id, &from);
+    // Compared without an early exit.
+    let same = given.len() == expected.len()
+        && given
+            .bytes()
+            .zip(expected.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    same.then_some(id)
+}
+
+/// The delivery's message id: `Idemhost-Message-Id` if the host's own replay signed it (with
+/// `replay_key`, the schema's host key), else `id_header`. Missing, empty and over-long ids
+/// are refused (terminal): an id is never invented.
+pub(crate) fn message_id(
+    headers: &HeaderMap,
+    id_header: &str,
+    replay_key: Option<&str>,
+) -> Result<String, String> {
+    let (name, value) = match signed_replay(headers, replay_key) {
         Some(v) => (REPLAY_ID_HEADER, v),
         None => match header(headers, id_header) {
             Some(v) => (id_header, v),
@@ -112,25 +167,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn message_id_prefers_replay_header_and_refuses_bad_ids() {
+    fn message_id_prefers_a_signed_replay_id_and_refuses_bad_ids() {
         let mut h = HeaderMap::new();
         assert!(
-            message_id(&h, "Nats-Msg-Id")
+            message_id(&h, "Nats-Msg-Id", None)
                 .unwrap_err()
                 .contains("missing")
         );
         h.insert("Nats-Msg-Id", "");
-        assert!(message_id(&h, "Nats-Msg-Id").unwrap_err().contains("empty"));
+        assert!(
+            message_id(&h, "Nats-Msg-Id", None)
+                .unwrap_err()
+                .contains("empty")
+        );
         h.insert("Nats-Msg-Id", "x".repeat(257).as_str());
         assert!(
-            message_id(&h, "Nats-Msg-Id")
+            message_id(&h, "Nats-Msg-Id", None)
                 .unwrap_err()
                 .contains("257 bytes")
         );
         h.insert("Nats-Msg-Id", "x".repeat(256).as_str());
-        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap().len(), 256);
+        assert_eq!(message_id(&h, "Nats-Msg-Id", None).unwrap().len(), 256);
+        h.insert("Nats-Msg-Id", "evt-1");
         h.insert(REPLAY_ID_HEADER, "evt-7");
-        assert_eq!(message_id(&h, "Nats-Msg-Id").unwrap(), "evt-7");
+        h.insert(REPLAYED_FROM_HEADER, "DLQ/3");
+        // A replay id is honoured only when the host's key signed it, for that dead letter.
+        assert_eq!(message_id(&h, "Nats-Msg-Id", None).unwrap(), "evt-1");
+        assert_eq!(message_id(&h, "Nats-Msg-Id", Some("k")).unwrap(), "evt-1");
+        let good = replay_signature("k", "evt-7", "DLQ/3");
+        for forged in [
+            String::new(),
+            "0".repeat(64),
+            replay_signature("other key", "evt-7", "DLQ/3"),
+            replay_signature("k", "evt-7", "DLQ/4"),
+            replay_signature("k", "evt-8", "DLQ/3"),
+            good[..63].to_string(),
+            good.to_uppercase(),
+            format!("{good}0"),
+        ] {
+            h.insert(REPLAY_SIGNATURE_HEADER, forged.as_str());
+            assert_eq!(
+                message_id(&h, "Nats-Msg-Id", Some("k")).unwrap(),
+                "evt-1",
+                "{forged}"
+            );
+        }
+        h.insert(REPLAY_SIGNATURE_HEADER, good.as_str());
+        assert_eq!(message_id(&h, "Nats-Msg-Id", Some("k")).unwrap(), "evt-7");
+        assert_eq!(message_id(&h, "Nats-Msg-Id", None).unwrap(), "evt-1");
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub(crate) struct ConsumerRuntime {
     durable: String,
     /// With `partitions`: this runtime's partition durable and this replica's pin on it.
     partition: Option<(String, partition::Pin)>,
+    /// The schema's host key, which signs the replay ids this host honours (see
+    /// [`crate::headers::REPLAY_SIGNATURE_HEADER`]).
+    replay_key: Option<String>,
 }
 
 /// Provisions the consumer on the broker ([`provision`]) — of `partition`, with `partitions`
@@ -102,6 +105,12 @@ pub(crate) async fn bind(
     metrics: &Metrics,
 ) -> anyhow::Result<ConsumerRuntime> {
     let name = &config.name;
+    let replay_key = Some(
+        claimer
+            .host_key()
+            .await
+            .map_err(|e| anyhow::anyhow!("consumer {name}: failed to read the host key: {e}"))?,
+    );
     let provision::Provisioned { durable, exhausted } =
         provision::provision(js, config, partition).await?;
     Ok(ConsumerRuntime {
@@ -129,6 +138,7 @@ pub(crate) async fn bind(
         waiting: Arc::new(Semaphore::new(max_waiting(config))),
         exhausted,
         partition: partition.map(|p| (durable.clone(), partition::Pin::new(config, p))),
+        replay_key,
         durable,
     })
 }

@@ -8,7 +8,9 @@ use super::*;
 /// twenty failing its first attempt retryably when `failing`. Each is (key, headers, testkit
 /// script inserting `(key, version)` into `key_versions`); the headers carry the ids and
 /// `Idemhost-Ordering-Key`. Returns them with the number of duplicates and failing ones.
+/// `host_key` signs the second deliveries' replayed ids (see [`replayed`]).
 pub fn versioned_events(
+    host_key: &str,
     keys: usize,
     versions: i64,
     seed: u64,
@@ -50,7 +52,7 @@ pub fn versioned_events(
             match broker_id {
                 Some(b) => {
                     h.insert("Nats-Msg-Id", b.as_str());
-                    h.insert("Idemhost-Message-Id", msg_id.as_str());
+                    replayed(&mut h, host_key, &msg_id);
                 }
                 None => h.insert("Nats-Msg-Id", msg_id.as_str()),
             }

@@ -207,6 +207,14 @@ impl TestEnv {
             .unwrap_or(0)
     }
 
+    /// The schema's host key: what signs a replay's id (see [`replayed`]).
+    pub async fn host_key(&self) -> String {
+        sqlx::query_scalar("SELECT key FROM idemhost_key")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
     pub async fn markers(&self, consumer: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM processed_message WHERE consumer_name = $1")
             .bind(consumer)
@@ -579,4 +587,17 @@ pub fn config_text(env: &TestEnv, nats: &NatsEnv, name: &str, plugin: &str, extr
 
 pub fn parse_config(text: &str) -> Config {
     Config::from_toml(text, std::iter::empty(), "test.toml".as_ref(), ".".as_ref()).unwrap()
+}
+
+/// Marks `h` as a replay of message `id`, as `idemhost dlq replay` publishes one: the id in
+/// `Idemhost-Message-Id`, honoured because it is signed with the schema's host `key`
+/// ([`TestEnv::host_key`]). The tests publish the same id again under a fresh broker id this
+/// way; a producer's unsigned header is ignored.
+pub fn replayed(h: &mut async_nats::HeaderMap, key: &str, id: &str) {
+    use idemhost::headers::{REPLAY_ID_HEADER, REPLAY_SIGNATURE_HEADER, REPLAYED_FROM_HEADER};
+    let from = format!("TEST/{}", h.get("Nats-Msg-Id").map_or("", |v| v.as_str()));
+    h.insert(REPLAY_ID_HEADER, id);
+    h.insert(REPLAYED_FROM_HEADER, from.as_str());
+    let signature = idemhost::headers::replay_signature(key, id, &from);
+    h.insert(REPLAY_SIGNATURE_HEADER, signature.as_str());
 }

@@ -141,6 +141,14 @@ impl Db {
         )
     }
 
+    /// The schema's host key, which signs replayed ids (see `common::replayed`).
+    pub async fn host_key(&self) -> String {
+        sqlx::query_scalar("SELECT key FROM idemhost_key")
+            .fetch_one(&self.admin_in_schema().await)
+            .await
+            .unwrap()
+    }
+
     pub async fn scalar(&self, sql: &str) -> i64 {
         sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(sql.to_string()))
             .fetch_one(&self.admin_in_schema().await)

@@ -13,7 +13,8 @@ use sqlx::PgPool;
 use crate::config::ConsumerConfig;
 use crate::headers::{
     DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER, NATS_MSG_ID_HEADER,
-    ORIGINAL_SUBJECT_HEADER, REPAIR_OF_HEADER, REPLAY_ID_HEADER, REPLAYED_FROM_HEADER,
+    ORIGINAL_SUBJECT_HEADER, REPAIR_OF_HEADER, REPLAY_ID_HEADER, REPLAY_SIGNATURE_HEADER,
+    REPLAYED_FROM_HEADER,
 };
 
 use super::age_of;
@@ -207,6 +208,16 @@ pub async fn replay(
             chosen.len()
         );
     }
+    // The key that signs each replay's id (see `REPLAY_SIGNATURE_HEADER`).
+    let key: String = sqlx::query_scalar("SELECT key FROM idemhost_key")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "failed to read the host key that signs replays: {} (run `idemhost migrate`)",
+                crate::pg::describe(&e)
+            )
+        })?;
     let mut report = ReplayReport::default();
     for d in chosen {
         let Some(subject) = d.original_subject.clone() else {
@@ -241,6 +252,7 @@ pub async fn replay(
                 ORIGINAL_SUBJECT_HEADER,
                 DELIVERY_ATTEMPT_HEADER,
                 REPLAYED_FROM_HEADER,
+                REPLAY_SIGNATURE_HEADER,
                 REPAIR_OF_HEADER,
             ];
             if dropped.iter().any(|h| h.eq_ignore_ascii_case(&n)) {
@@ -253,6 +265,9 @@ pub async fn replay(
         let from = format!("{}/{}", d.stream, d.seq);
         headers.insert(REPLAY_ID_HEADER, id.as_str());
         headers.insert(REPLAYED_FROM_HEADER, from.as_str());
+        // The host honours the id only with this proof that a replay set it.
+        let signature = crate::headers::replay_signature(&key, &id, &from);
+        headers.insert(REPLAY_SIGNATURE_HEADER, signature.as_str());
         // The broker's own duplicate window absorbs a second replay of the same dead letter.
         headers.insert(NATS_MSG_ID_HEADER, format!("replay/{from}").as_str());
         let audit = match repair {

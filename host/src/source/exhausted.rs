@@ -177,7 +177,7 @@ async fn settle(runtime: &ConsumerRuntime, advisory: &Advisory) -> anyhow::Resul
         .decode(raw.data.unwrap_or_default())
         .context("undecodable data")?;
     let (headers, readable) = lenient_headers(&header_block);
-    let id = message_id(&headers, &config.id_header).ok();
+    let id = message_id(&headers, &config.id_header, runtime.replay_key.as_deref()).ok();
     if let Some(id) = &id
         && runtime.claimer.marker_exists(id).await?
     {

@@ -24,7 +24,7 @@ proptest! {
         h.insert("Nats-Msg-Id", value.as_str());
         let stored = h.get("Nats-Msg-Id").map(|v| v.as_str().to_string()).unwrap_or_default();
         let valid = !stored.trim().is_empty() && stored.len() <= MAX_MESSAGE_ID_BYTES;
-        match message_id(&h, "Nats-Msg-Id") {
+        match message_id(&h, "Nats-Msg-Id", None) {
             Ok(id) => {
                 prop_assert!(valid);
                 prop_assert_eq!(id, stored);

@@ -139,7 +139,7 @@ impl ConsumerRuntime {
         let headers = msg.message.headers.clone().unwrap_or_default();
         let event_type = header(&headers, EVENT_TYPE_HEADER);
         let trace = traceparent(&headers);
-        let id = message_id(&headers, &self.config.id_header);
+        let id = message_id(&headers, &self.config.id_header, self.replay_key.as_deref());
         // What a delivery's log lines carry; never the payload (`host.log_payload_digest`
         // adds its size and sha256). `outcome` and the durations are filled in as it settles.
         let span = info_span!(
