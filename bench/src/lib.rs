@@ -433,9 +433,10 @@ async fn publish(
             (i - distinct) * distinct / repeats.max(1)
         };
         let (mut headers, payload) = order(k);
-        let broker_id = format!("evt-{k}/{i}");
-        headers.insert("Nats-Msg-Id", broker_id.as_str());
         if i >= distinct {
+            // The original under its own id (`order` set it), a repeat under a fresh broker id.
+            let broker_id = format!("evt-{k}/{i}");
+            headers.insert("Nats-Msg-Id", broker_id.as_str());
             // A repeat: the host reads the original id only from a replay it signed.
             use idemhost::headers::{
                 REPLAY_ID_HEADER, REPLAY_SIGNATURE_HEADER, REPLAYED_FROM_HEADER,
