@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
+use async_nats::jetstream::context::PublishErrorKind;
 use futures::FutureExt as _;
 use sqlx::postgres::PgListener;
 use sqlx::types::Json;
@@ -34,14 +35,41 @@ use crate::pg;
 /// The channel the outbox trigger notifies.
 pub const CHANNEL: &str = "idemhost_outbox";
 
-/// Due rows, in the order they became due (a new row is due when it was inserted; one delivery's
-/// rows share that time and keep their order by id). Served by the partial index of migration
-/// 0008, so rows backing off cost nothing to skip.
-const SELECT_SQL: &str = "SELECT id, consumer_name, source_message_id, seq, subject, headers, \
+/// Due rows, each consumer's apart: the consumers with due rows (found by skipping along the
+/// index of migration 0009 from one consumer to the next), and of each the oldest due rows — at
+/// most `$1` rows and, past the first, `$2` bytes of payload — in the order they became due (a
+/// new row is due when it was inserted; one delivery's rows share that time and keep their
+/// order by id). So one consumer's backlog, or its events that keep failing, never take
+/// another consumer's place in a pass, and a pass holds a bounded number of payload bytes.
+const SELECT_SQL: &str = "WITH RECURSIVE consumers AS ( \
+                              (SELECT consumer_name FROM outbox_message \
+                               WHERE set_aside_at IS NULL AND next_attempt_at <= now() \
+                               ORDER BY consumer_name LIMIT 1) \
+                              UNION ALL \
+                              SELECT (SELECT o.consumer_name FROM outbox_message o \
+                                      WHERE o.consumer_name > c.consumer_name \
+                                        AND o.set_aside_at IS NULL AND o.next_attempt_at <= now() \
+                                      ORDER BY o.consumer_name LIMIT 1) \
+                              FROM consumers c WHERE c.consumer_name IS NOT NULL), \
+                          picked AS ( \
+                              SELECT p.id FROM consumers c CROSS JOIN LATERAL ( \
+                                  SELECT o.id, octet_length(o.payload) AS len, \
+                                         sum(octet_length(o.payload)) OVER (ORDER BY o.next_attempt_at, o.id) AS upto \
+                                  FROM outbox_message o \
+                                  WHERE o.consumer_name = c.consumer_name \
+                                    AND o.set_aside_at IS NULL AND o.next_attempt_at <= now() \
+                                  ORDER BY o.next_attempt_at, o.id LIMIT $1) p \
+                              WHERE c.consumer_name IS NOT NULL AND p.upto - p.len < $2) \
+                          SELECT id, consumer_name, source_message_id, seq, subject, headers, \
                           payload, extract(epoch FROM now() - created_at)::float8 \
                           FROM outbox_message \
-                          WHERE set_aside_at IS NULL AND next_attempt_at <= now() \
-                          ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
+                          WHERE id IN (SELECT id FROM picked) \
+                            AND set_aside_at IS NULL AND next_attempt_at <= now() \
+                          ORDER BY next_attempt_at, id FOR UPDATE SKIP LOCKED";
+
+/// Payload bytes one consumer's rows may hold in a pass (past its first row, which may be up to
+/// `max_payload`): what the relay holds in memory is this, times the consumers with due rows.
+pub(crate) const PASS_BYTES_PER_CONSUMER: i64 = 4 << 20;
 
 /// Counts one failed attempt of each row in `$1` (reasons in `$2`): the next attempt after
 /// `$3` seconds doubled per earlier failure, at most `$4`; set aside at the `$5`-th failure.
@@ -92,8 +120,8 @@ pub fn spawn(
         loop {
             metrics.outbox_pass();
             match drain(&pool, &js, &metrics, batch, retry).await {
-                // A full batch: more may be waiting.
-                Ok(n) if n == batch as usize => continue,
+                // A full batch for some consumer: more may be waiting.
+                Ok(n) if n >= batch as usize => continue,
                 Ok(_) => backoff = Duration::from_millis(100),
                 Err(e) => {
                     warn!(
@@ -198,9 +226,10 @@ async fn backlog(pool: &PgPool) -> Result<(Duration, i64), sqlx::Error> {
     ))
 }
 
-/// One pass: up to `batch` due rows published (all sent before any acknowledgment is
-/// awaited), the acknowledged ones deleted and the failed ones rescheduled (or set aside), in
-/// one transaction. Returns the rows taken.
+/// One pass: up to `batch` due rows of each consumer published (all sent before any
+/// acknowledgment is awaited, and the acknowledgments awaited together, so a pass lasts at most
+/// one publish timeout however many rows time out), the acknowledged ones deleted and the
+/// failed ones rescheduled (or set aside), in one transaction. Returns the rows taken.
 pub async fn drain(
     pool: &PgPool,
     js: &jetstream::Context,
@@ -211,6 +240,7 @@ pub async fn drain(
     let mut tx = pool.begin().await?;
     let rows = sqlx::query(SELECT_SQL)
         .bind(i64::from(batch))
+        .bind(PASS_BYTES_PER_CONSUMER)
         .fetch_all(&mut *tx)
         .await?;
     if rows.is_empty() {
@@ -218,7 +248,10 @@ pub async fn drain(
         return Ok(0);
     }
     let taken = Instant::now();
-    let mut in_flight = Vec::with_capacity(rows.len());
+    let (mut in_flight, mut sends) = (
+        Vec::with_capacity(rows.len()),
+        Vec::with_capacity(rows.len()),
+    );
     for row in &rows {
         let id: i64 = row.try_get(0)?;
         let consumer: String = row.try_get(1)?;
@@ -236,16 +269,31 @@ pub async fn drain(
         let sent = js
             .publish_with_headers(subject.clone(), map, payload.into())
             .await;
-        in_flight.push((id, consumer, subject, age, sent));
+        in_flight.push((id, consumer, subject, age));
+        sends.push(sent);
     }
-    let mut done = Vec::with_capacity(in_flight.len());
-    let (mut failed, mut reasons) = (Vec::new(), Vec::new());
-    let mut transient = None;
-    for (id, consumer, subject, age, sent) in in_flight {
-        let acked = match sent {
+    // Every acknowledgment awaited at once: one subject whose publishes are never answered (a
+    // plain subscriber, no stream) costs the pass one timeout, not one per row.
+    let acks = futures::future::join_all(sends.into_iter().map(|sent| async move {
+        match sent {
             Ok(ack) => ack.await,
             Err(e) => Err(e),
-        };
+        }
+    }))
+    .await;
+    // A publish not answered in time: the broker is down or stopped (an outage: nothing is
+    // wrong with the rows), or something listens on the subject without acknowledging (no
+    // stream captures it). JetStream's own API tells them apart: it answers only in the second
+    // case.
+    let timed_out = acks
+        .iter()
+        .any(|a| matches!(a, Err(e) if e.kind() == PublishErrorKind::TimedOut));
+    let broker_answers = timed_out && js.query_account().await.is_ok();
+    let mut done = Vec::with_capacity(in_flight.len());
+    let (mut failed, mut reasons) = (Vec::new(), Vec::new());
+    let (mut unanswered, mut unanswered_reasons) = (Vec::new(), Vec::new());
+    let mut transient = None;
+    for ((id, consumer, subject, age), acked) in in_flight.into_iter().zip(acks) {
         match acked {
             Ok(_) => {
                 metrics.outbox_published(
@@ -254,9 +302,19 @@ pub async fn drain(
                 );
                 done.push(id);
             }
-            // The broker did not answer in time or the connection is down: nothing is wrong
-            // with the row. It is left as it was (no attempt counted) and the pass ends in an
-            // error, so the relay backs off as a whole — an outage sets nothing aside.
+            // Not answered in time while JetStream answers: something listens on the subject
+            // but does not acknowledge (no stream captures it), or the stream is slow.
+            // The row moves out of the way (an attempt counted, its next one later) but is
+            // never set aside for this alone: a broker that answers again publishes it.
+            Err(e) if broker_answers && e.kind() == PublishErrorKind::TimedOut => {
+                metrics.outbox_failed(&consumer);
+                debug!(consumer = %consumer, %subject, outbox_id = id, error = %e, "outbox publish not acknowledged");
+                unanswered.push(id);
+                unanswered_reasons.push(truncated(format!("{subject}: {e}")));
+            }
+            // The broker does not answer, or the connection is down: nothing is wrong with the
+            // row. It is left as it was (no attempt counted) and the pass ends in an error, so
+            // the relay backs off as a whole — an outage sets nothing aside.
             Err(e) if transient_failure(&e) => {
                 metrics.outbox_failed(&consumer);
                 debug!(consumer = %consumer, %subject, outbox_id = id, error = %e, "outbox publish not acknowledged");
@@ -278,6 +336,20 @@ pub async fn drain(
         .bind(&done)
         .execute(&mut *tx)
         .await?;
+    if !unanswered.is_empty() {
+        sqlx::query_scalar::<_, bool>(FAILED_SQL)
+            .bind(&unanswered)
+            .bind(&unanswered_reasons)
+            .bind(retry.base.as_secs_f64())
+            .bind(retry.cap.as_secs_f64())
+            .bind(i32::MAX)
+            .fetch_all(&mut *tx)
+            .await?;
+        warn!(
+            unanswered = unanswered.len(),
+            "outbox publishes not acknowledged; those rows are retried later, the others go on"
+        );
+    }
     if !failed.is_empty() {
         let set_aside: Vec<bool> = sqlx::query_scalar(FAILED_SQL)
             .bind(&failed)
@@ -306,10 +378,9 @@ pub async fn drain(
 /// Whether a publish failed for a reason that is about the broker's reachability rather than
 /// the event (no stream captures it, the stream refuses it): those count an attempt, these not.
 fn transient_failure(e: &jetstream::context::PublishError) -> bool {
-    use jetstream::context::PublishErrorKind as Kind;
     matches!(
         e.kind(),
-        Kind::TimedOut | Kind::BrokenPipe | Kind::MaxAckPending
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::MaxAckPending
     )
 }
 
