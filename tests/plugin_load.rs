@@ -230,3 +230,79 @@ fn component_with_too_many_memories_or_tables_is_refused_at_load() {
         assert!(err.contains("does not export"), "{err}");
     }
 }
+
+/// A component that would take minutes to compile is refused before anything is compiled:
+/// functions over the bound of locals (one, or several spread over modules and nested
+/// components), or over the total. Before, three functions of 25,000 live locals took 75 s of
+/// CPU on both cores and +200 MiB, and the refusal (at the world check, after compiling) left
+/// the compiled code in the cache.
+#[test]
+fn a_compile_bomb_is_refused_before_compiling() {
+    // A function declaring `n` locals and keeping all of them live.
+    let bomb = |n: usize| {
+        let mut f = format!("(func (result i64) (local {}) ", "i64 ".repeat(n));
+        for i in 0..n {
+            f.push_str(&format!("(local.set {i} (i64.const {i})) "));
+        }
+        f.push_str("(i64.const 0) ");
+        for i in 0..n {
+            f.push_str(&format!("(local.get {i}) i64.add "));
+        }
+        f.push(')');
+        f
+    };
+    let cache = scratch_dir("bomb-cache");
+    let mut rt = PluginRuntime::new().unwrap();
+    rt.set_compile_cache(Some(&cache)).unwrap();
+    for (what, wat) in [
+        (
+            "one function",
+            format!("(component (core module {}))", bomb(25_000)),
+        ),
+        (
+            "three functions",
+            format!(
+                "(component (core module {} {} {}))",
+                bomb(10_001),
+                bomb(10_001),
+                bomb(10_001)
+            ),
+        ),
+        (
+            "a nested component",
+            format!("(component (component (core module {})))", bomb(12_000)),
+        ),
+        (
+            "locals declared, not used",
+            format!(
+                "(component (core module (func (local {}))))",
+                "i32 ".repeat(50_000)
+            ),
+        ),
+    ] {
+        let bytes = wat::parse_str(&wat).unwrap();
+        let started = std::time::Instant::now();
+        let err = match rt.load_bytes(&bytes, "bomb.wasm".as_ref(), LIMITS) {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => e.to_string(),
+        };
+        // The precheck's refusal: nothing was compiled.
+        assert!(err.contains("locals"), "{what}: {err}");
+        eprintln!("{what}: refused after {:?}", started.elapsed());
+    }
+    // A component refused at the world check leaves no compiled code behind.
+    let err = match rt.load_bytes(
+        &wat::parse_str(r#"(component (import "wasi:sockets/tcp@0.2.0" (instance)))"#).unwrap(),
+        "sockets.wasm".as_ref(),
+        LIMITS,
+    ) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("does not grant"), "{err}");
+    assert!(
+        files(&cache, "cwasm").is_empty(),
+        "{:?}",
+        files(&cache, "cwasm")
+    );
+}

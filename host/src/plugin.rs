@@ -6,6 +6,7 @@
 
 mod cache;
 mod imports;
+mod precheck;
 pub(crate) mod world;
 
 use std::path::{Path, PathBuf};
@@ -265,12 +266,21 @@ impl PluginRuntime {
             reason,
         };
         let digest_hex = format!("{:x}", Sha256::digest(bytes));
+        // What compiling it would cost, before anything is compiled (see `precheck`).
+        precheck::check(bytes).map_err(|reason| PluginError::Compile {
+            path: path.clone(),
+            reason,
+        })?;
         let started = Instant::now();
         let compile = || {
-            Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
-                path: path.clone(),
-                reason: format!("{e:#}"),
-            })
+            let component =
+                Component::from_binary(&self.engine, bytes).map_err(|e| PluginError::Compile {
+                    path: path.clone(),
+                    reason: format!("{e:#}"),
+                })?;
+            // Checked before the compile cache keeps it: a refused component leaves nothing.
+            world::check(&component, &self.engine).map_err(world_err)?;
+            Ok(component)
         };
         let (component, from_cache) = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, &digest_hex, compile)?,
