@@ -64,7 +64,7 @@ impl Arena {
         text.push_str(&format!(
             "\n[[consumer]]\nname = \"bystander-v1\"\nstream = \"{}\"\nsubjects = [\"{}\"]\n\
              plugin = \"{}\"\ndead_letter_subject = \"{}\"\ntables = [\"inventory\", \"bystander_t\"]\n\
-             handler_timeout = \"10s\"\n",
+             handler_timeout = \"10s\"\npublish_subjects = [\">\"]\n",
             bystander.stream,
             bystander.subject(),
             plugin_path("testkit").display(),
@@ -630,4 +630,200 @@ async fn a_producer_cannot_borrow_another_messages_marker() {
     .await;
     arena.alive();
     arena.stop().await;
+}
+
+/// One consumer's outbox never holds back another's: the attacker's events go to a subject no
+/// stream captures but a plain subscriber listens on (a dashboard), so no publish of theirs is
+/// ever acknowledged. Before, each waited its timeout one after another, at the head of the
+/// relay's batch: the bystander's events were not published after 38 s. Now each consumer's
+/// rows are taken apart, the acknowledgments awaited together, and an unanswered row moves out
+/// of the way; swept over 1, 3, 300 and 1,000 such events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_consumers_outbox_never_holds_back_anothers() {
+    use futures::StreamExt as _;
+    let mut arena = Arena::start("relay", "max_deliver = 1\n").await;
+    let dashboard = format!("dash.{}", unique("d"));
+    let mut listener = arena
+        .attacker
+        .client
+        .subscribe(format!("{dashboard}.>"))
+        .await
+        .unwrap();
+    let heard = tokio::spawn(async move {
+        let mut n = 0u64;
+        while listener.next().await.is_some() {
+            n += 1;
+        }
+        n
+    });
+    let mut scripts = Vec::new();
+    for events in [1usize, 3, 300, 1000] {
+        let steps: Vec<_> = (0..events)
+            .map(|i| serde_json::json!({"publish": format!("{dashboard}.e{i}"), "payload": "x"}))
+            .collect();
+        scripts.push(serde_json::json!({ "steps": steps }).to_string());
+    }
+    arena.attack(&scripts).await;
+    arena.attack_drained(Duration::from_secs(60)).await;
+    // The attacker's 1,304 events are committed and waiting; now the bystander's.
+    let out = format!("{}.events.out", arena.bystander.prefix);
+    let started = Instant::now();
+    for i in 0..4 {
+        let script = serde_json::json!({"steps":[{"publish": out, "payload": format!("by-{i}")}]})
+            .to_string();
+        arena
+            .bystander
+            .publish(Some(&format!("by-ev-{i}-{}", unique("m"))), &script)
+            .await;
+    }
+    let bystander = &arena.bystander;
+    let out_ref = &out;
+    wait_until(
+        Duration::from_secs(20),
+        "the bystander's events to be published",
+        || async move { (bystander.stored(out_ref).await.len() == 4).then_some(()) },
+    )
+    .await;
+    eprintln!(
+        "the bystander's 4 events were published after {:?}",
+        started.elapsed()
+    );
+    arena.alive();
+    arena.stop().await;
+    heard.abort();
+}
+
+/// The plugin's role carries the server-side bounds PostgreSQL offers per role, so one plugin's
+/// sorts and hashes cannot fill the server's temp disk (1.5–2.2 GiB of temp files per attempt
+/// before) and its errors do not reach the server's log: `temp_file_limit`, `work_mem` and
+/// `log_min_messages` are set on it at start (here `temp_file_limit` lowered to 8MB), and a
+/// statement spilling past the limit fails while the bystander goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugins_role_carries_the_servers_bounds() {
+    let mut arena = Arena::start(
+        "bounds",
+        "max_deliver = 1\nhandler_timeout = \"20s\"\nrole_settings = { temp_file_limit = \"8MB\" }\n",
+    )
+    .await;
+    let role = arena.env.plugin_role("attacker-v1");
+    let config: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(rolconfig) FROM pg_roles WHERE rolname = $1 ORDER BY 1")
+            .bind(&role)
+            .fetch_all(&arena.env.pool)
+            .await
+            .unwrap();
+    for setting in [
+        "log_min_messages=fatal",
+        "temp_file_limit=8MB",
+        "work_mem=4MB",
+    ] {
+        assert!(config.iter().any(|c| c == setting), "{role}: {config:?}");
+    }
+    let mut scripts = Vec::new();
+    for rows in [500_000, 2_000_000] {
+        scripts.push(statement(
+            "execute",
+            &format!(
+                "SELECT count(*) FROM (SELECT g, md5(g::text) FROM generate_series(1, {rows}) g \
+                 ORDER BY 2) s"
+            ),
+        ));
+        scripts.push(statement(
+            "query",
+            &format!("SELECT count(DISTINCT md5(g::text)) FROM generate_series(1, {rows}) g"),
+        ));
+    }
+    arena.attack(&scripts).await;
+    arena.bystander_applies(4).await;
+    arena.attack_drained(Duration::from_secs(120)).await;
+    let dead = arena.attacker.dead_letters().await;
+    assert_eq!(dead.len(), scripts.len());
+    for (headers, _) in &dead {
+        let reason = headers
+            .get(idemhost::headers::FAILURE_REASON_HEADER)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        assert!(reason.contains("temp_file_limit"), "{reason}");
+    }
+    arena.alive();
+    arena.stop().await;
+}
+
+/// No function the gate lets through takes a lock per relation it is given: every function of
+/// the catalog taking one relation (`regclass` or `oid`) is called over every relation of the
+/// database by a plain role, in a transaction, and the relation locks it then holds counted.
+/// The ones that open each relation (`pg_relation_size(oid)` and its kin) would let a statement
+/// fill the server's shared lock table from one session; they must be refused by the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_admitted_function_takes_a_lock_per_relation() {
+    use sqlx::{Connection, Row};
+    let env = TestEnv::new("relocks").await;
+    let role = unique("t_relocks");
+    env.execute(&format!("CREATE ROLE {role} LOGIN")).await;
+    let relations = env.scalar("SELECT count(*) FROM pg_class").await;
+    assert!(relations > 200, "{relations} relations: too few to tell");
+    // Each function whose first argument is a relation (the rest: a boolean, text, an
+    // integer), as a call on `c.oid` with plain values for the rest.
+    let functions: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT p.proname::text || '(c.oid' || \
+                coalesce((SELECT string_agg(CASE t WHEN 'bool'::regtype THEN ', true' \
+                                                   WHEN 'text'::regtype THEN ', ''main''' \
+                                                   ELSE ', 0' END, '' ORDER BY n) \
+                          FROM unnest(p.proargtypes[1:]) WITH ORDINALITY AS a(t, n)), '') || ')' \
+         FROM pg_proc p \
+         WHERE p.pronargs BETWEEN 1 AND 3 \
+           AND p.proargtypes[0] IN ('regclass'::regtype, 'oid'::regtype) \
+           AND NOT EXISTS (SELECT 1 FROM unnest(p.proargtypes[1:]) t \
+                           WHERE t NOT IN ('bool'::regtype, 'text'::regtype, 'int4'::regtype)) \
+           AND NOT p.proretset AND p.prokind = 'f' \
+           AND p.pronamespace = 'pg_catalog'::regnamespace \
+           AND has_function_privilege('public', p.oid, 'EXECUTE') \
+         ORDER BY 1",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let url = PG_URL.replacen("root@", &format!("{role}@"), 1);
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tried = 0;
+    let mut heavy = Vec::new();
+    for f in &functions {
+        let sql = format!("SELECT count(pg_catalog.{f}) FROM pg_catalog.pg_class c");
+        if idemhost::test_support::check(&sql).is_err() {
+            continue;
+        }
+        tried += 1;
+        let mut tx = conn.begin().await.unwrap();
+        sqlx::query("SET LOCAL statement_timeout = '5s'")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        if sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await
+            .is_ok()
+        {
+            let locks: i64 = sqlx::query(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() \
+                 AND locktype = 'relation'",
+            )
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap()
+            .get(0);
+            if locks > 64 {
+                heavy.push(format!("{f}: {locks} locks"));
+            }
+        }
+        tx.rollback().await.unwrap();
+    }
+    conn.close().await.unwrap();
+    env.execute(&format!("DROP ROLE {role}")).await;
+    eprintln!("{tried} admitted functions called over {relations} relations");
+    assert!(tried > 20, "only {tried} functions tried");
+    assert!(
+        heavy.is_empty(),
+        "admitted, and locking per relation: {heavy:?}"
+    );
+    env.cleanup().await;
 }

@@ -66,6 +66,9 @@ const REFUSED_FUNCTIONS: &[&str] = &[
     "pg_current_logfile",
     "loread",
     "lowrite",
+    // Opens every relation of a view's definition: over `pg_class`, a lock per view
+    // (`availability.rs` finds the functions that lock per relation they are given).
+    "pg_get_viewdef",
     "dblink",
 ];
 

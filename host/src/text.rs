@@ -12,13 +12,12 @@ pub(crate) const MAX_REASON_BYTES: usize = 1024;
 pub(crate) fn bounded(text: &str, max: usize) -> String {
     let mut out = String::with_capacity(text.len().min(max));
     for (at, c) in text.char_indices() {
-        let mut buf = [0u8; 4];
         let piece: std::borrow::Cow<'_, str> = match c {
             '\n' => "\\n".into(),
             '\r' => "\\r".into(),
             '\t' => "\\t".into(),
             c if needs_escape(c) => format!("\\u{{{:x}}}", c as u32).into(),
-            c => (&*c.encode_utf8(&mut buf)).to_owned().into(),
+            c => text[at..at + c.len_utf8()].into(),
         };
         if out.len() + piece.len() > max {
             let rest = text.len() - at;

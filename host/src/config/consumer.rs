@@ -120,8 +120,17 @@ pub struct ConsumerConfig {
     /// The host's own password is never sent for the plugin's role.
     #[serde(default)]
     pub role_password: Option<String>,
+    /// Settings of the plugin's role (`ALTER ROLE … SET`, applied at start), over the host's
+    /// defaults: `temp_file_limit = "1GB"` (temp files of one session), `work_mem = "4MB"`
+    /// (per sort or hash), `log_min_messages = "fatal"` (the server does not log the errors
+    /// a plugin causes: their text quotes its values, megabytes of them). A value `"default"`
+    /// leaves that setting to the server. `temp_file_limit` and `log_min_messages` need a
+    /// superuser host (or `GRANT SET ON PARAMETER`); otherwise the host warns at start with the
+    /// statement to run.
+    #[serde(default)]
+    pub role_settings: std::collections::BTreeMap<String, String>,
     /// Tables (`name` in `postgres.schema`, or `schema.name`) the host grants the plugin's role
-    /// SELECT, INSERT, UPDATE and DELETE on at start, with USAGE on the schema's sequences;
+    /// SELECT, INSERT, UPDATE and DELETE on at start, with USAGE on their own sequences;
     /// `"*"`: every table of `postgres.schema` that exists at start, except the host's own.
     /// Grant anything else yourself.
     #[serde(default)]

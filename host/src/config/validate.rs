@@ -241,6 +241,19 @@ impl Config {
                     "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
                 );
             }
+            if let Some((name, _)) = c
+                .role_settings
+                .iter()
+                .find(|(n, v)| !super::is_plain_identifier(n) || v.contains('\0') || v.len() > 256)
+            {
+                return bad(
+                    key("role_settings"),
+                    &format!(
+                        "`{name}`: setting names are lower-case identifiers; values are at most \
+                         256 bytes"
+                    ),
+                );
+            }
             if c.tables.iter().any(|t| {
                 t.is_empty()
                     || t.contains('\0')

@@ -298,7 +298,66 @@ pub async fn provision(pool: &PgPool, consumer: &ConsumerConfig, role: &str) -> 
         &consumer.tables,
         consumer.role_password.as_deref(),
     )
-    .await
+    .await?;
+    bound_role(pool, &consumer.name, role, &consumer.role_settings).await;
+    Ok(())
+}
+
+/// What the host sets on a plugin's role unless `consumer.role_settings` says otherwise: the
+/// server resources one session may take that PostgreSQL can bound per role, and what the
+/// server logs on the plugin's behalf.
+pub(crate) const ROLE_SETTINGS: &[(&str, &str)] = &[
+    ("temp_file_limit", "1GB"),
+    ("work_mem", "4MB"),
+    ("log_min_messages", "fatal"),
+];
+
+/// Sets the plugin's role's bounds (`ALTER ROLE … SET`; new sessions take them, the session
+/// reset after each delivery restores them, and no statement a plugin may send changes them).
+/// One the host's role may not set is a warning naming the statement to run: a host that is
+/// not a superuser may not set `temp_file_limit` or `log_min_messages` on another role.
+pub async fn bound_role(
+    pool: &PgPool,
+    consumer_name: &str,
+    role: &str,
+    overrides: &std::collections::BTreeMap<String, String>,
+) {
+    let mut settings: std::collections::BTreeMap<&str, &str> =
+        ROLE_SETTINGS.iter().copied().collect();
+    for (name, value) in overrides {
+        settings.insert(name, value);
+    }
+    let r = quote_ident(role);
+    for (name, value) in settings {
+        let sql = if value == "default" {
+            format!("ALTER ROLE {r} RESET {}", quote_ident(name))
+        } else {
+            format!(
+                "ALTER ROLE {r} SET {} = '{}'",
+                quote_ident(name),
+                value.replace('\'', "''")
+            )
+        };
+        let mut result = Ok(());
+        // Replicas starting together set the same role: "tuple concurrently updated".
+        for _ in 0..3 {
+            result = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(pool)
+                .await
+                .map(|_| ());
+            match &result {
+                Err(e) if describe(e).contains("concurrently") => continue,
+                _ => break,
+            }
+        }
+        if let Err(e) = result {
+            tracing::warn!(
+                consumer = consumer_name,
+                error = %describe(&e),
+                "the plugin's role is not bounded as configured; as a superuser, run: {sql}"
+            );
+        }
+    }
 }
 
 /// [`provision`] from its parts: the consumer's name, its role, the tables to grant and the
