@@ -220,7 +220,7 @@ pub struct OutboxConfig {
     /// Polling interval besides the `LISTEN/NOTIFY` wake-up.
     #[serde(default = "d_1s")]
     pub poll_interval: HumanDuration,
-    /// Rows published per relay transaction.
+    /// Rows of one consumer published per relay pass (one transaction for all consumers').
     #[serde(default = "default_outbox_batch")]
     pub batch: u32,
     /// Delay before a row that failed to publish is tried again after its first failure;
