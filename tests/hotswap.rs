@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -669,4 +670,108 @@ async fn two_hosts_follow_the_nats_store() {
     let _ = js.delete_object_store(format!("{bucket}_obj")).await;
     nats.cleanup().await;
     env.cleanup().await;
+}
+
+/// One consumer's swap never holds up another's: while consumer A's new component cannot be
+/// loaded yet (another loader holds its compile-cache lock, as a long compile would), consumer
+/// B's file change is swapped in. Before, the file watcher deployed one change after another,
+/// so B waited for A's whole load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_consumers_slow_swap_does_not_hold_up_anothers() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("swap_two"));
+    let cache = dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (file_a, file_b) = (dir.join("a.wasm"), dir.join("b.wasm"));
+    std::fs::copy(plugin_path("versioned-a"), &file_a).unwrap();
+    std::fs::copy(plugin_path("versioned-a"), &file_b).unwrap();
+    let other = NatsEnv::new("swap_two_b", Duration::from_secs(60)).await;
+    let swap = InProcess::start("swap_two", |env, nats, port| {
+        config_text(env, nats, CONSUMER, "versioned-a", "")
+            .replace(
+                &plugin_path("versioned-a").display().to_string(),
+                &file_a.display().to_string(),
+            )
+            .replace(
+                "[host]\n",
+                &format!("[host]\ncompile_cache = \"{}\"\n", cache.display()),
+            )
+            + &format!(
+                "\n[[consumer]]\nname = \"other-v1\"\nstream = \"{}\"\nsubjects = [\"{}\"]\n\
+             plugin = \"{}\"\ndead_letter_subject = \"{}\"\ntables = [\"*\"]\n",
+                other.stream,
+                other.subject(),
+                file_b.display(),
+                other.dlq(),
+            )
+            + &admin_top(port, None)
+            + "\n[plugins]\nwatch_interval = \"50ms\"\n"
+    })
+    .await;
+    let base = swap.base.clone();
+    let consumer = |r: &serde_json::Value, name: &str| -> serde_json::Value {
+        r["consumers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no consumer {name} in {r}"))
+    };
+    // The cache's engine key, from the artifact of the version loaded at start.
+    let hex_a = digest_of(&plugin_path("versioned-a"))
+        .trim_start_matches("sha256:")
+        .to_string();
+    let artifact = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with(&hex_a) && n.ends_with(".cwasm"))
+        .expect("the loaded version's artifact");
+    let engine_key = artifact
+        .trim_start_matches(&format!("{hex_a}-"))
+        .trim_end_matches(".cwasm")
+        .to_string();
+    // A's next version: its compile lock held, as by a loader compiling it for minutes.
+    let next_a = plugin_path("testkit");
+    let hex_next = digest_of(&next_a).trim_start_matches("sha256:").to_string();
+    let lock = std::fs::File::create(cache.join(format!(".{hex_next}-{engine_key}.lock"))).unwrap();
+    lock.lock().unwrap();
+
+    let replace = |file: &Path, from: &Path, tag: &str| {
+        let tmp = dir.join(format!("{tag}.tmp"));
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, file).unwrap();
+    };
+    // The watcher takes the files' identities once it runs: changes from then on are seen.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    replace(&file_a, &next_a, "a");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    replace(&file_b, &plugin_path("versioned-b"), "b");
+    let digest_a = digest_of(&plugin_path("versioned-a"));
+    let digest_b = digest_of(&plugin_path("versioned-b"));
+    wait_until(
+        Duration::from_secs(20),
+        "B's swap while A's load waits",
+        || async {
+            let r = try_report(&base).await?;
+            (consumer(&r, "other-v1")["current"]["digest"] == digest_b.as_str()).then_some(())
+        },
+    )
+    .await;
+    let r = report(&base).await;
+    assert_eq!(
+        consumer(&r, CONSUMER)["current"]["digest"],
+        digest_a.as_str(),
+        "A still waits"
+    );
+    // Released: A's change goes through.
+    lock.unlock().unwrap();
+    let digest_next = digest_of(&next_a);
+    wait_until(Duration::from_secs(60), "A's swap", || async {
+        let r = try_report(&base).await?;
+        (consumer(&r, CONSUMER)["current"]["digest"] == digest_next.as_str()).then_some(())
+    })
+    .await;
+    swap.finish().await;
+    other.cleanup().await;
 }

@@ -45,12 +45,20 @@ pub(crate) fn spawn(
         // Taken now: the versions loaded at start-up came from these files (or from the
         // shared store, which a later file change then overrides: the last change wins).
         let mut seen: Vec<Option<Identity>> = files.iter().map(|(_, p)| identity(p)).collect();
+        // Each consumer's latest deploy: a swap compiles on a blocking thread for as long as
+        // its component takes, and must hold up neither this loop (other consumers' changes)
+        // nor another consumer's swap. A consumer's next change waits for its previous one, so
+        // the last change wins.
+        let mut deploying: Vec<Option<tokio::task::JoinHandle<()>>> =
+            files.iter().map(|_| None).collect();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
                 _ = stop.changed() => return,
             }
-            for ((consumer, path), last) in files.iter().zip(seen.iter_mut()) {
+            for (((consumer, path), last), previous) in
+                files.iter().zip(seen.iter_mut()).zip(deploying.iter_mut())
+            {
                 let now = identity(path);
                 // A missing file (between unlink and rename, or deleted) changes nothing.
                 if now.is_none() || now == *last {
@@ -65,16 +73,23 @@ pub(crate) fn spawn(
                     }
                 };
                 let source = format!("file:{}", path.display());
-                match registry.deploy(consumer, bytes, source).await {
-                    Ok(d) if !d.changed => {
-                        debug!(%consumer, path = %path.display(), "plugin file touched, same digest")
+                let (registry, consumer, path) = (registry.clone(), consumer.clone(), path.clone());
+                let before = previous.take();
+                *previous = Some(tokio::spawn(async move {
+                    if let Some(before) = before {
+                        let _ = before.await;
                     }
-                    Ok(_) => {}
-                    // The registry logged the refusal with its reason.
-                    Err(e) => {
-                        debug!(%consumer, path = %path.display(), error = %e, "plugin file change not applied")
+                    match registry.deploy(&consumer, bytes, source).await {
+                        Ok(d) if !d.changed => {
+                            debug!(%consumer, path = %path.display(), "plugin file touched, same digest")
+                        }
+                        Ok(_) => {}
+                        // The registry logged the refusal with its reason.
+                        Err(e) => {
+                            debug!(%consumer, path = %path.display(), error = %e, "plugin file change not applied")
+                        }
                     }
-                }
+                }));
             }
         }
     })
