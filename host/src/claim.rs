@@ -113,6 +113,8 @@ pub struct Claimer {
     host_pool: PgPool,
     settings: ClaimSettings,
     wall: tokio::sync::OnceCell<Arc<Wall>>,
+    /// This consumer's turn at the SQL gate's shared parser threads: one statement at a time.
+    gate_turn: Arc<tokio::sync::Semaphore>,
     /// Set for a rehearsal (`idemhost plugin test`): record what the handler did, and roll
     /// back where a delivery would commit unless told to commit.
     rehearsal: Option<Rehearsal>,
@@ -221,6 +223,7 @@ impl Claimer {
             host_pool,
             settings,
             wall: tokio::sync::OnceCell::new(),
+            gate_turn: Arc::new(tokio::sync::Semaphore::new(1)),
             rehearsal: None,
         }
     }
@@ -490,7 +493,8 @@ impl Claimer {
             backend_pid,
         });
         let trace = self.rehearsal.as_ref().map(|r| r.trace.clone());
-        let handle = TxHandle::new(tx, origin, wall.clone(), deadline).traced(trace);
+        let handle =
+            TxHandle::new(tx, origin, wall.clone(), deadline, self.gate_turn.clone()).traced(trace);
         let started = Instant::now();
         let result = handler
             .handle(&handle, msg)

@@ -115,6 +115,17 @@ pub(crate) const MAX_RESULT_BYTES: usize = 16 << 20;
 pub(crate) const MAX_SQL_BYTES: usize = 64 << 10;
 /// Deepest parse tree walked (a deeper one is refused, not recursed into).
 const MAX_DEPTH: usize = 400;
+/// Most tokens of a statement: a parse costs memory and time by the token (a multi-row
+/// `VALUES` of 1,000 rows of 4 columns is about 10,000).
+const MAX_TOKENS: usize = 12_000;
+/// Most parse-tree nodes a statement may stand for once PostgreSQL's analysis has copied what
+/// it copies: the left side of `BETWEEN` (twice, four times `SYMMETRIC`) and of an `IN` list
+/// that is not all constants (once per item). Nested, they multiply: `BETWEEN` 21 deep, or
+/// three `IN` lists of 220 columns, made one server process allocate 3.4–4.6 GB during
+/// analysis, which checks no cancellation (see [`expanded_size`]); about 1.6 KB per copy, so
+/// this bound keeps one statement's analysis near 100 MB. A statement within the token bound
+/// and without such copies stays under it.
+const MAX_EXPANDED_NODES: u64 = 64_000;
 /// Most tree levels a statement's tokens may allow before it is parsed (see [`depth_bound`]).
 /// Trees deeper than ~50 levels are refused after parsing anyway; this keeps the parser's own
 /// recursion within a few MiB of the parser threads' stack.
@@ -200,7 +211,13 @@ fn judge(sql: &str) -> Result<(), String> {
     // Before parsing: libpg_query's output writer recurses once per tree level, without a
     // stack check. A statement whose tokens allow a deeper tree than the gate accepts anyway
     // (prost refuses trees over ~50 levels when reading the result) is refused unparsed.
-    let depth = depth_bound(sql)?;
+    let (depth, tokens) = depth_bound(sql)?;
+    // The parse's memory and time grow with the tokens (65,000 of them: 315 MiB and 0.85 s).
+    if tokens > MAX_TOKENS {
+        return Err(format!(
+            "statement refused: {tokens} tokens; at most {MAX_TOKENS}"
+        ));
+    }
     if depth > MAX_TOKEN_DEPTH {
         return Err(format!(
             "statement refused: nested too deeply (up to {depth} levels; at most \
@@ -231,7 +248,68 @@ fn judge(sql: &str) -> Result<(), String> {
             statement_name(&kind)
         ));
     }
-    walk(&tree, 0)
+    walk(&tree, 0)?;
+    let expanded = expanded_size(&tree, 0);
+    if expanded > MAX_EXPANDED_NODES {
+        return Err(format!(
+            "statement refused: nested BETWEEN or IN lists would make the server copy \
+             {expanded} expression nodes; at most {MAX_EXPANDED_NODES}"
+        ));
+    }
+    Ok(())
+}
+
+/// The nodes a parse tree (read as JSON) stands for after PostgreSQL's analysis copied the left
+/// side of each `BETWEEN` (2 copies, 4 for `SYMMETRIC`) and of each `IN` list holding anything
+/// but constants (one per item), saturating. Depth is bounded by the walk before it.
+fn expanded_size(value: &serde_json::Value, depth: usize) -> u64 {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return u64::MAX;
+    }
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .fold(0u64, |n, v| n.saturating_add(expanded_size(v, depth + 1))),
+        Value::Object(fields) => {
+            if let Some(expr) = fields.get("AExpr") {
+                let kind = expr.get("kind").and_then(Value::as_i64).unwrap_or(0);
+                let size = |f: &str| expr.get(f).map_or(0, |v| expanded_size(v, depth + 1));
+                let copies: u64 = match kind {
+                    // AEXPR_BETWEEN, AEXPR_NOT_BETWEEN; the SYMMETRIC ones.
+                    11 | 12 => 2,
+                    13 | 14 => 4,
+                    // AEXPR_IN over a list with anything but constants: one per item.
+                    7 => in_list_items(expr.get("rexpr")),
+                    _ => 1,
+                };
+                return size("lexpr")
+                    .saturating_mul(copies.max(1))
+                    .saturating_add(size("rexpr"))
+                    .saturating_add(1);
+            }
+            fields
+                .values()
+                .fold(1u64, |n, v| n.saturating_add(expanded_size(v, depth + 1)))
+        }
+        _ => 0,
+    }
+}
+
+/// Items of an `IN` list that PostgreSQL expands into one comparison each (a list with anything
+/// but constants); 1 for a list of constants (one array comparison) or a subquery.
+fn in_list_items(rexpr: Option<&serde_json::Value>) -> u64 {
+    let items = rexpr
+        .and_then(|r| r.get("node"))
+        .and_then(|n| n.get("List"))
+        .and_then(|l| l.get("items"))
+        .and_then(serde_json::Value::as_array);
+    match items {
+        Some(items) if items.iter().any(|i| i.pointer("/node/AConst").is_none()) => {
+            items.len() as u64
+        }
+        _ => 1,
+    }
 }
 
 /// The deepest tree the tokens of a statement allow, bounded from above, read with PostgreSQL's
@@ -240,7 +318,7 @@ fn judge(sql: &str) -> Result<(), String> {
 /// bracket. So the bound is the largest number of such tokens on any path of nested groups,
 /// counting within one list element (a comma starts the next element, a sibling at the same
 /// depth). A `VALUES` list of thousands of rows stays shallow; `1+1+…` does not.
-fn depth_bound(sql: &str) -> Result<usize, String> {
+fn depth_bound(sql: &str) -> Result<(usize, usize), String> {
     use pg_query::protobuf::Token;
     let scanned =
         pg_query::scan(sql).map_err(|e| format!("statement refused: it does not parse ({e})"))?;
@@ -275,7 +353,7 @@ fn depth_bound(sql: &str) -> Result<usize, String> {
         }
         deepest = deepest.max(base + element);
     }
-    Ok(deepest)
+    Ok((deepest, scanned.tokens.len()))
 }
 
 /// `SelectStmt` → `SELECT`, for refusals.
@@ -397,6 +475,39 @@ impl Encode<'_, Postgres> for Untyped {
     }
 }
 
+/// JSON text bound as `jsonb` (binary format: version 1, then the text).
+struct JsonbText<'a>(&'a str);
+
+impl Type<Postgres> for JsonbText<'_> {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_name("jsonb")
+    }
+}
+
+impl Encode<'_, Postgres> for JsonbText<'_> {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        buf.push(1);
+        buf.extend_from_slice(self.0.as_bytes());
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+/// A JSON or JSONB column's text, as the server sent it (never parsed into a tree).
+fn json_text(raw: PgValueRef<'_>, jsonb: bool) -> Result<String, String> {
+    use sqlx::postgres::PgValueFormat;
+    let mut bytes = raw.as_bytes().map_err(|e| e.to_string())?;
+    if jsonb && raw.format() == PgValueFormat::Binary {
+        match bytes.split_first() {
+            Some((1, rest)) => bytes = rest,
+            _ => return Err("unsupported jsonb format version".into()),
+        }
+    }
+    String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
+}
+
 /// Binds plugin parameters in order (`$1`, `$2`, ...). Each variant declares its own type:
 /// int → int8, float → float8, text → text, bytes → bytea, json → jsonb, boolean → bool,
 /// null → inferred. A statement casts where a column differs (`$1::uuid`).
@@ -411,9 +522,11 @@ pub(crate) fn bind(params: &[SqlValue]) -> Result<PgArguments, String> {
             SqlValue::Text(v) => args.add(v.as_str()),
             SqlValue::Bytes(v) => args.add(v.as_slice()),
             SqlValue::Json(text) => {
-                let value: serde_json::Value = serde_json::from_str(text)
+                // Checked without building a tree (a `serde_json::Value` takes ~16 times the
+                // text's size), then sent as the text itself.
+                serde_json::from_str::<serde::de::IgnoredAny>(text)
                     .map_err(|e| format!("parameter ${} is not valid JSON: {e}", n + 1))?;
-                args.add(value)
+                args.add(JsonbText(text))
             }
         };
         added.map_err(|e| format!("parameter ${} could not be bound: {e}", n + 1))?;
@@ -460,7 +573,8 @@ fn convert(raw: PgValueRef<'_>, type_name: &str, column: &str) -> Result<SqlValu
             SqlValue::Text(dec(raw)?)
         }
         "BYTEA" => SqlValue::Bytes(dec(raw)?),
-        "JSON" | "JSONB" => SqlValue::Json(dec::<serde_json::Value>(raw)?.to_string()),
+        "JSON" => SqlValue::Json(json_text(raw, false)?),
+        "JSONB" => SqlValue::Json(json_text(raw, true)?),
         "VOID" => SqlValue::Null,
         other => {
             return Err(format!(
@@ -583,6 +697,45 @@ mod tests {
             "DELETE FROM U&\"processed\\005fmessage\"",
         ] {
             assert!(check(sql).is_err(), "{sql} should be refused");
+        }
+    }
+
+    #[test]
+    fn statements_the_server_would_expand_past_the_bound_are_refused() {
+        // `BETWEEN` nested n deep: the left side copied twice per level.
+        let between = |n: usize| {
+            let mut e = "x".to_string();
+            for _ in 0..n {
+                e = format!("(({e}) BETWEEN 1 AND 2)::int");
+            }
+            format!("SELECT {e} FROM (SELECT 1 AS x) s")
+        };
+        // `IN` lists of `items` columns, nested `depth` deep: copied once per item.
+        let in_lists = |items: usize, depth: usize| {
+            let list = vec!["v"; items].join(",");
+            let mut e = "v".to_string();
+            for _ in 0..depth {
+                e = format!("(({e}) IN ({list}))::int");
+            }
+            format!("SELECT {e} FROM (SELECT 1 AS v) s")
+        };
+        for n in [18, 21, 24, 40] {
+            assert!(check(&between(n)).is_err(), "BETWEEN {n} deep");
+        }
+        for (items, depth) in [(220, 3), (300, 3), (60, 4), (1000, 2)] {
+            assert!(
+                check(&in_lists(items, depth)).is_err(),
+                "IN {items} x {depth}"
+            );
+        }
+        // What a handler writes stays well inside the bound.
+        for sql in [
+            between(3),
+            in_lists(20, 2),
+            "SELECT 1 WHERE 5 IN (1, 2, 3, 4, 5, 6, 7, 8)".to_string(),
+            format!("SELECT 1 WHERE 5 IN ({})", vec!["7"; 5000].join(",")),
+        ] {
+            assert_eq!(check(&sql), Ok(()), "{sql}");
         }
     }
 

@@ -5,6 +5,7 @@
 //! attempt's deadline a statement still running is stopped on the server.
 
 use futures::TryStreamExt;
+use sqlx::postgres::PgArguments;
 use sqlx::{AssertSqlSafe, PgPool};
 use std::sync::Arc;
 use tokio::sync::Mutex;
@@ -54,6 +55,8 @@ pub struct TxHandle {
     origin: Arc<Origin>,
     wall: Arc<Wall>,
     deadline: Option<Deadline>,
+    /// This consumer's turn at the SQL gate (shared by its deliveries; see [`TxHandle::admitted`]).
+    gate_turn: Arc<tokio::sync::Semaphore>,
     /// Where a rehearsal (`idemhost plugin test`) records what the plugin did.
     trace: Option<Arc<Trace>>,
 }
@@ -74,7 +77,13 @@ pub enum TxError {
 }
 
 impl TxHandle {
-    pub(crate) fn new(tx: Tx, origin: Origin, wall: Arc<Wall>, deadline: Option<Deadline>) -> Self {
+    pub(crate) fn new(
+        tx: Tx,
+        origin: Origin,
+        wall: Arc<Wall>,
+        deadline: Option<Deadline>,
+        gate_turn: Arc<tokio::sync::Semaphore>,
+    ) -> Self {
         TxHandle {
             state: Arc::new(Mutex::new(TxState {
                 tx: Some(tx),
@@ -84,6 +93,7 @@ impl TxHandle {
             origin: Arc::new(origin),
             wall,
             deadline,
+            gate_turn,
             trace: None,
         }
     }
@@ -97,6 +107,35 @@ impl TxHandle {
     /// The trace this delivery records into, if it is a rehearsal.
     pub(crate) fn trace(&self) -> Option<&Arc<Trace>> {
         self.trace.as_ref()
+    }
+
+    /// `sql` through the SQL gate and `params` bound: not at all once the attempt failed (its
+    /// first error poisoned the handle), and within the attempt's deadline. A consumer's
+    /// statements take their turn at the gate one at a time, so a plugin sending distinct
+    /// statements endlessly (each parsed) queues only behind itself, not before other
+    /// consumers' statements on the gate's shared threads.
+    async fn admitted(&self, sql: &str, params: &[SqlValue]) -> Result<PgArguments, TxError> {
+        self.state.lock().await.usable()?;
+        let judged = async {
+            let _turn = self.gate_turn.acquire().await;
+            sql_gate::admit(sql).await
+        };
+        let verdict = match &self.deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline.at, judged)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(
+                        "the attempt's deadline passed while the statement waited for the SQL \
+                         gate"
+                            .into(),
+                    )
+                }),
+            None => judged.await,
+        };
+        match verdict.and_then(|()| sql_gate::bind(params)) {
+            Ok(args) => Ok(args),
+            Err(reason) => self.refuse(reason).await,
+        }
     }
 
     /// A refusal: returned to the handler, and the attempt fails.
@@ -200,13 +239,7 @@ impl TxHandle {
     }
 
     async fn execute_untraced(&self, sql: &str, params: &[SqlValue]) -> Result<u64, TxError> {
-        let args = match sql_gate::admit(sql)
-            .await
-            .and_then(|()| sql_gate::bind(params))
-        {
-            Ok(args) => args,
-            Err(reason) => return self.refuse(reason).await,
-        };
+        let args = self.admitted(sql, params).await?;
         let mut state = self.state.lock().await;
         let done = self
             .bounded(&mut state, async |tx: &mut Tx| {
@@ -248,13 +281,7 @@ impl TxHandle {
         sql: &str,
         params: &[SqlValue],
     ) -> Result<Vec<Vec<SqlValue>>, TxError> {
-        let args = match sql_gate::admit(sql)
-            .await
-            .and_then(|()| sql_gate::bind(params))
-        {
-            Ok(args) => args,
-            Err(reason) => return self.refuse(reason).await,
-        };
+        let args = self.admitted(sql, params).await?;
         let mut state = self.state.lock().await;
         let outcome = self
             .bounded(&mut state, async |tx: &mut Tx| {
@@ -340,7 +367,10 @@ impl TxState {
         if self.poison.is_none() {
             self.poison = Some(Poison {
                 kind: FailureKind::Retryable,
-                reason: format!("the host refused a plugin request: {reason}"),
+                reason: format!(
+                    "the host refused a plugin request: {}",
+                    crate::text::reason(reason)
+                ),
                 lock_wait: false,
             });
         }

@@ -288,7 +288,7 @@ pub async fn drain(
     let timed_out = acks
         .iter()
         .any(|a| matches!(a, Err(e) if e.kind() == PublishErrorKind::TimedOut));
-    let broker_answers = timed_out && js.query_account().await.is_ok();
+    let broker_answers = timed_out && jetstream_answers(js).await;
     let mut done = Vec::with_capacity(in_flight.len());
     let (mut failed, mut reasons) = (Vec::new(), Vec::new());
     let (mut unanswered, mut unanswered_reasons) = (Vec::new(), Vec::new());
@@ -373,6 +373,15 @@ pub async fn drain(
         )),
         None => Ok(rows.len()),
     }
+}
+
+/// Whether JetStream's API answers at all: any reply to `$JS.API.INFO` (its content is not
+/// read: async-nats 0.52 cannot parse NATS 2.9's answer), within the context's timeout.
+async fn jetstream_answers(js: &jetstream::Context) -> bool {
+    use async_nats::jetstream::context::traits::TimeoutProvider as _;
+    let client = js.client();
+    let request = client.request("$JS.API.INFO", bytes::Bytes::new());
+    matches!(tokio::time::timeout(js.timeout(), request).await, Ok(Ok(_)))
 }
 
 /// Whether a publish failed for a reason that is about the broker's reachability rather than
