@@ -130,6 +130,19 @@ impl Arena {
         self.attacker.wait_drained("attacker-v1", timeout).await;
     }
 
+    /// Each of the `n` attacks was dead-lettered, its reason containing `why`.
+    async fn every_attack_dead_lettered(&self, n: usize, why: &str) {
+        let dead = self.attacker.dead_letters().await;
+        assert_eq!(dead.len(), n, "attacks dead-lettered");
+        for (headers, _) in &dead {
+            let reason = headers
+                .get(idemhost::headers::FAILURE_REASON_HEADER)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            assert!(reason.contains(why), "{reason}");
+        }
+    }
+
     /// The host is still running.
     fn alive(&mut self) {
         if let Some(status) = self.host.0.try_wait().unwrap() {
@@ -470,15 +483,9 @@ async fn the_lock_table_stays_shared() {
     arena.bystander_applies(4).await;
     arena.attack_drained(Duration::from_secs(120)).await;
     arena.alive();
-    let dead = arena.attacker.dead_letters().await;
-    assert_eq!(dead.len(), scripts.len(), "every lock attempt failed");
-    for (headers, _) in &dead {
-        let reason = headers
-            .get(idemhost::headers::FAILURE_REASON_HEADER)
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        assert!(reason.contains("refused"), "{reason}");
-    }
+    arena
+        .every_attack_dead_lettered(scripts.len(), "refused")
+        .await;
     arena.stop().await;
 }
 
@@ -774,15 +781,9 @@ async fn the_plugins_role_carries_the_servers_bounds() {
     arena.attack(&scripts).await;
     arena.bystander_applies(4).await;
     arena.attack_drained(Duration::from_secs(120)).await;
-    let dead = arena.attacker.dead_letters().await;
-    assert_eq!(dead.len(), scripts.len());
-    for (headers, _) in &dead {
-        let reason = headers
-            .get(idemhost::headers::FAILURE_REASON_HEADER)
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        assert!(reason.contains("temp_file_limit"), "{reason}");
-    }
+    arena
+        .every_attack_dead_lettered(scripts.len(), "temp_file_limit")
+        .await;
     arena.alive();
     arena.stop().await;
 }
@@ -914,30 +915,9 @@ async fn statements_the_server_would_expand_are_refused() {
     arena.attack(&scripts).await;
     arena.bystander_applies(4).await;
     arena.attack_drained(Duration::from_secs(120)).await;
-    let dead = arena.attacker.dead_letters().await;
-    assert_eq!(dead.len(), scripts.len());
-    for (headers, _) in &dead {
-        let reason = headers
-            .get(idemhost::headers::FAILURE_REASON_HEADER)
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        // Refused for their expansion, or (the deepest) as deeper than the gate reads.
-        assert!(
-            reason.contains("expression nodes") || reason.contains("does not parse"),
-            "{reason}"
-        );
-    }
-    let expansion = dead
-        .iter()
-        .filter(|(h, _)| {
-            h.get(idemhost::headers::FAILURE_REASON_HEADER)
-                .is_some_and(|v| v.as_str().contains("expression nodes"))
-        })
-        .count();
-    assert!(
-        expansion >= 8,
-        "only {expansion} refused for their expansion"
-    );
+    arena
+        .every_attack_dead_lettered(scripts.len(), "expression nodes")
+        .await;
     let role = arena.env.plugin_role("attacker-v1");
     let busy = arena
         .env

@@ -300,9 +300,13 @@ async fn attack_the_wall(setup: SetUp) {
         breaches.push("the host key changed".into());
     }
     if setup != SetUp::Ungated {
+        // The role's defaults are the host's bounds (`consumer.role_settings`: those the host
+        // may set), nothing else: no setting a plugin chose, on no database.
         let defaults = db
             .scalar(&format!(
-                "SELECT count(*) FROM pg_db_role_setting WHERE setrole = '{role}'::regrole"
+                "SELECT count(*) FROM pg_db_role_setting, unnest(setconfig) AS c \
+                 WHERE setrole = '{role}'::regrole AND (setdatabase <> 0 OR c NOT IN \
+                 ('log_min_messages=fatal', 'temp_file_limit=1GB', 'work_mem=4MB'))"
             ))
             .await;
         if defaults != 0 {
