@@ -758,6 +758,7 @@ async fn the_plugins_role_carries_the_servers_bounds() {
             .await
             .unwrap();
     for setting in [
+        "jit=off",
         "log_min_messages=fatal",
         "temp_file_limit=8MB",
         "work_mem=4MB",
@@ -926,6 +927,54 @@ async fn statements_the_server_would_expand_are_refused() {
         ))
         .await;
     assert_eq!(busy, 0, "an attacker session is still running");
+    arena.alive();
+    arena.stop().await;
+}
+
+/// What else makes the server's analysis or planning multiply work from a short text, found
+/// by a second review: `(expression).*` nested (the expression copied once per column, ×4 per
+/// level over `pg_namespace`: 1.97 GB from 299 bytes), many `*` over a wide FROM list (800 of
+/// them: 1.66 GB), `NOT MATERIALIZED` CTEs nested and referenced twice (a plan doubling per
+/// level; with JIT, compiled for 45 s past a 3 s deadline). Each refused, at sizes that stay
+/// small should a regression let them through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_multiply_analysis_or_planning_are_refused() {
+    let mut arena = Arena::start("multiply", "max_deliver = 1\nhandler_timeout = \"3s\"\n").await;
+    let mut scripts = Vec::new();
+    for levels in [2, 4, 6] {
+        let mut row = "(n).*".to_string();
+        for _ in 0..levels {
+            row = format!("(ROW({row})::pg_namespace).*");
+        }
+        scripts.push(statement(
+            "query",
+            &format!("SELECT {row} FROM pg_namespace n LIMIT 1"),
+        ));
+    }
+    for stars in [9, 40] {
+        let sql = format!(
+            "WITH w AS (SELECT 1 a, 2 b) SELECT {} FROM w t0, w t1",
+            vec!["*"; stars].join(",")
+        );
+        scripts.push(statement("query", &sql));
+    }
+    for levels in [2, 6, 8] {
+        let mut ctes = vec!["c0 AS NOT MATERIALIZED (SELECT 1 AS x)".to_string()];
+        for i in 1..=levels {
+            ctes.push(format!(
+                "c{i} AS NOT MATERIALIZED (SELECT * FROM c{p} UNION ALL SELECT * FROM c{p})",
+                p = i - 1
+            ));
+        }
+        let sql = format!("WITH {} SELECT count(*) FROM c{levels}", ctes.join(", "));
+        scripts.push(statement("execute", &sql));
+    }
+    arena.attack(&scripts).await;
+    arena.bystander_applies(4).await;
+    arena.attack_drained(Duration::from_secs(120)).await;
+    arena
+        .every_attack_dead_lettered(scripts.len(), "refused")
+        .await;
     arena.alive();
     arena.stop().await;
 }

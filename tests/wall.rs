@@ -306,7 +306,7 @@ async fn attack_the_wall(setup: SetUp) {
             .scalar(&format!(
                 "SELECT count(*) FROM pg_db_role_setting, unnest(setconfig) AS c \
                  WHERE setrole = '{role}'::regrole AND (setdatabase <> 0 OR c NOT IN \
-                 ('log_min_messages=fatal', 'temp_file_limit=1GB', 'work_mem=4MB'))"
+                 ('jit=off', 'log_min_messages=fatal', 'temp_file_limit=1GB', 'work_mem=4MB'))"
             ))
             .await;
         if defaults != 0 {

@@ -249,6 +249,7 @@ fn judge(sql: &str) -> Result<(), String> {
         ));
     }
     walk(&tree, 0)?;
+    check_expansions(&tree, 0, &mut 0)?;
     let expanded = expanded_size(&tree, 0);
     if expanded > MAX_EXPANDED_NODES {
         return Err(format!(
@@ -309,6 +310,68 @@ fn in_list_items(rexpr: Option<&serde_json::Value>) -> u64 {
             items.len() as u64
         }
         _ => 1,
+    }
+}
+
+/// Most `*` a statement may hold: each expands to every column of its FROM list while the
+/// server analyses the statement, before its 1,664-column limit applies and without a check for
+/// cancellation (800 `*` over 100 joined CTEs of 100 columns: 1.66 GB).
+const MAX_STARS: usize = 8;
+
+/// Refuses what makes the server's analysis or planning multiply work from a short text, that
+/// [`expanded_size`] does not count: `(expression).*` (the expression copied once per column,
+/// nested ×4 per level: 1.97 GB from 299 bytes), more than [`MAX_STARS`] `*`, and `NOT
+/// MATERIALIZED` common table expressions (each reference plans its query again; nested and
+/// referenced twice, the plan doubles per level: 1 GB from 989 bytes).
+fn check_expansions(
+    value: &serde_json::Value,
+    depth: usize,
+    stars: &mut usize,
+) -> Result<(), String> {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return Err("statement refused: nested too deeply".into());
+    }
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .try_for_each(|v| check_expansions(v, depth + 1, stars)),
+        Value::Object(fields) => {
+            if fields.contains_key("AStar") {
+                *stars += 1;
+                if *stars > MAX_STARS {
+                    return Err(format!(
+                        "statement refused: more than {MAX_STARS} `*` (each expands to every \
+                         column; name the columns)"
+                    ));
+                }
+            }
+            if let Some(ind) = fields.get("AIndirection") {
+                let starred = ind
+                    .get("indirection")
+                    .and_then(Value::as_array)
+                    .is_some_and(|i| i.iter().any(|n| n.pointer("/node/AStar").is_some()));
+                let plain = ind.pointer("/arg/node/ColumnRef").is_some();
+                if starred && !plain {
+                    return Err(
+                        "statement refused: `(expression).*` copies the expression once per \
+                         column; select the fields by name"
+                            .into(),
+                    );
+                }
+            }
+            if fields.get("ctematerialized").and_then(Value::as_i64) == Some(3) {
+                return Err(
+                    "statement refused: NOT MATERIALIZED plans its query again at every \
+                     reference"
+                        .into(),
+                );
+            }
+            fields
+                .values()
+                .try_for_each(|v| check_expansions(v, depth + 1, stars))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -727,6 +790,27 @@ mod tests {
                 check(&in_lists(items, depth)).is_err(),
                 "IN {items} x {depth}"
             );
+        }
+        // `(expression).*` nested, many `*`, NOT MATERIALIZED.
+        let mut row = "(n).*".to_string();
+        for _ in 0..3 {
+            row = format!("(ROW({row})::pg_namespace).*");
+        }
+        for sql in [
+            format!("SELECT {row} FROM pg_namespace n"),
+            "SELECT (f(x)).* FROM t".to_string(),
+            format!("SELECT {} FROM t", vec!["*"; 9].join(",")),
+            "WITH c AS NOT MATERIALIZED (SELECT 1) SELECT * FROM c, c AS d".to_string(),
+        ] {
+            assert!(check(&sql).is_err(), "{sql}");
+        }
+        for sql in [
+            "SELECT (t).* FROM t",
+            "SELECT t.*, u.* FROM t, u",
+            "WITH c AS MATERIALIZED (SELECT 1) SELECT * FROM c",
+            "WITH c AS (SELECT 1) SELECT * FROM c",
+        ] {
+            assert_eq!(check(sql), Ok(()), "{sql}");
         }
         // What a handler writes stays well inside the bound.
         for sql in [

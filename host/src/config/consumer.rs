@@ -123,7 +123,8 @@ pub struct ConsumerConfig {
     /// Settings of the plugin's role (`ALTER ROLE … SET`, applied at start), over the host's
     /// defaults: `temp_file_limit = "1GB"` (temp files of one session), `work_mem = "4MB"`
     /// (per sort or hash), `log_min_messages = "fatal"` (the server does not log the errors
-    /// a plugin causes: their text quotes its values, megabytes of them). A value `"default"`
+    /// a plugin causes: their text quotes its values, megabytes of them), `jit = "off"` (a JIT
+    /// compile checks no cancellation). A value `"default"`
     /// leaves that setting to the server. `temp_file_limit` and `log_min_messages` need a
     /// superuser host (or `GRANT SET ON PARAMETER`); otherwise the host warns at start with the
     /// statement to run.

@@ -33,6 +33,9 @@ const ROLE_SETTINGS: &[(&str, &str)] = &[
     ("temp_file_limit", "1GB"),
     ("work_mem", "4MB"),
     ("log_min_messages", "fatal"),
+    // JIT compilation checks no cancellation: a plan a short statement multiplied compiled
+    // for 22 s past a 3 s deadline, holding its transaction.
+    ("jit", "off"),
 ];
 
 /// Sets the plugin's role's bounds (`ALTER ROLE … SET`; new sessions take them, the session
