@@ -13,6 +13,32 @@ mod scrape;
 pub(crate) mod store;
 pub(crate) mod watch;
 
+/// Swaps requested from a loop that must not wait for them (the file watcher, the plugin
+/// store's watch): each consumer's run one after another, so its last change wins, and
+/// different consumers' side by side, so one consumer's load (a compile of seconds) holds up
+/// neither the loop nor another consumer's swap.
+#[derive(Default)]
+pub(crate) struct SwapQueues(std::collections::HashMap<String, tokio::task::JoinHandle<()>>);
+
+impl SwapQueues {
+    /// Runs `swap` for `consumer` once its previous one ended.
+    pub(crate) fn push(
+        &mut self,
+        consumer: &str,
+        swap: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        self.0.retain(|_, task| !task.is_finished());
+        let before = self.0.remove(consumer);
+        let task = tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            swap.await;
+        });
+        self.0.insert(consumer.to_string(), task);
+    }
+}
+
 pub(crate) use scrape::PluginCollector;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -226,10 +226,8 @@ impl NatsStore {
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(100);
-            // Each consumer's latest apply: one consumer's load (a compile of seconds) holds up
-            // neither the watch nor another consumer's; its next version waits for it.
-            let mut applying: std::collections::HashMap<String, tokio::task::JoinHandle<()>> =
-                std::collections::HashMap::new();
+            // One consumer's load holds up neither the watch nor another consumer's.
+            let mut swaps = super::SwapQueues::default();
             loop {
                 let mut entries = match self.versions.watch_with_history(">").await {
                     Ok(w) => w,
@@ -261,19 +259,11 @@ impl NatsStore {
                         continue;
                     }
                     if let Some(pointer) = decode(&entry) {
-                        let before = applying.remove(&entry.key);
                         let (store, registry, key) =
                             (self.clone(), registry.clone(), entry.key.clone());
-                        applying.retain(|_, task| !task.is_finished());
-                        applying.insert(
-                            entry.key.clone(),
-                            tokio::spawn(async move {
-                                if let Some(before) = before {
-                                    let _ = before.await;
-                                }
-                                store.apply(&registry, &key, &pointer).await;
-                            }),
-                        );
+                        swaps.push(&entry.key, async move {
+                            store.apply(&registry, &key, &pointer).await;
+                        });
                     }
                 }
             }

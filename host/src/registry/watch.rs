@@ -45,20 +45,15 @@ pub(crate) fn spawn(
         // Taken now: the versions loaded at start-up came from these files (or from the
         // shared store, which a later file change then overrides: the last change wins).
         let mut seen: Vec<Option<Identity>> = files.iter().map(|(_, p)| identity(p)).collect();
-        // Each consumer's latest deploy: a swap compiles on a blocking thread for as long as
-        // its component takes, and must hold up neither this loop (other consumers' changes)
-        // nor another consumer's swap. A consumer's next change waits for its previous one, so
-        // the last change wins.
-        let mut deploying: Vec<Option<tokio::task::JoinHandle<()>>> =
-            files.iter().map(|_| None).collect();
+        // A swap compiles on a blocking thread for as long as its component takes: this loop
+        // (other consumers' changes) does not wait for it (see `SwapQueues`).
+        let mut swaps = super::SwapQueues::default();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
                 _ = stop.changed() => return,
             }
-            for (((consumer, path), last), previous) in
-                files.iter().zip(seen.iter_mut()).zip(deploying.iter_mut())
-            {
+            for ((consumer, path), last) in files.iter().zip(seen.iter_mut()) {
                 let now = identity(path);
                 // A missing file (between unlink and rename, or deleted) changes nothing.
                 if now.is_none() || now == *last {
@@ -73,12 +68,9 @@ pub(crate) fn spawn(
                     }
                 };
                 let source = format!("file:{}", path.display());
-                let (registry, consumer, path) = (registry.clone(), consumer.clone(), path.clone());
-                let before = previous.take();
-                *previous = Some(tokio::spawn(async move {
-                    if let Some(before) = before {
-                        let _ = before.await;
-                    }
+                let (registry, name, path) = (registry.clone(), consumer.clone(), path.clone());
+                swaps.push(consumer, async move {
+                    let consumer = name;
                     match registry.deploy(&consumer, bytes, source).await {
                         Ok(d) if !d.changed => {
                             debug!(%consumer, path = %path.display(), "plugin file touched, same digest")
@@ -89,7 +81,7 @@ pub(crate) fn spawn(
                             debug!(%consumer, path = %path.display(), error = %e, "plugin file change not applied")
                         }
                     }
-                }));
+                });
             }
         }
     })
