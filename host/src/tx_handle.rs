@@ -117,6 +117,11 @@ impl TxHandle {
     async fn admitted(&self, sql: &str, params: &[SqlValue]) -> Result<PgArguments, TxError> {
         self.state.lock().await.usable()?;
         let judged = async {
+            // A verdict the gate already has costs no turn (the common case: a handler's few
+            // statement texts); only a parse waits for this consumer's turn.
+            if let Some(verdict) = sql_gate::known(sql) {
+                return verdict;
+            }
             let _turn = self.gate_turn.acquire().await;
             sql_gate::admit(sql).await
         };
