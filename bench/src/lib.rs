@@ -122,6 +122,78 @@ pub struct HostRun {
     /// Context switches of the bench process per delivery (voluntary: a thread went to sleep
     /// waiting for a reply or a wake-up; involuntary: it was preempted).
     pub switches_per_msg: f64,
+    /// CPU of the PostgreSQL server's processes per delivery (`None`: not on this machine).
+    pub pg_cpu_us_per_msg: Option<f64>,
+    /// CPU of nats-server per delivery (`None`: not on this machine).
+    pub nats_cpu_us_per_msg: Option<f64>,
+}
+
+/// The servers' processes on this machine, whose CPU time the bench reads before and after a
+/// run: PostgreSQL's postmaster (its backends, live and exited, are counted with it) and
+/// nats-server.
+#[derive(Debug, Clone, Copy, Default)]
+struct Servers {
+    postgres: Option<u32>,
+    nats: Option<u32>,
+}
+
+/// CPU time of each server so far.
+#[derive(Debug, Clone, Copy)]
+struct ServersCpu {
+    postgres: Option<Duration>,
+    nats: Option<Duration>,
+}
+
+impl Servers {
+    /// Finds them: the postmaster as the parent of a session's backend, nats-server as the
+    /// process listening on the URL's port.
+    async fn find(db_url: &str, nats_url: &str) -> Servers {
+        let postgres = async {
+            let pool = connect(db_url, 1).await.ok()?;
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+            // Read while the backend lives: the pool's close ends it.
+            let postmaster = usage::parent_of(u32::try_from(pid).ok()?);
+            pool.close().await;
+            postmaster
+        }
+        .await;
+        let nats_port = nats_url
+            .split(',')
+            .next()
+            .and_then(|u| url::Url::parse(u).ok())
+            .and_then(|u| u.port())
+            .unwrap_or(4222);
+        let nats = usage::listener_on(nats_port);
+        Servers { postgres, nats }
+    }
+
+    fn cpu(&self) -> ServersCpu {
+        ServersCpu {
+            postgres: self.postgres.and_then(usage::server_cpu),
+            nats: self.nats.and_then(usage::server_cpu),
+        }
+    }
+}
+
+impl ServersCpu {
+    /// Each server's CPU since `before`, in µs per unit of `work`.
+    fn per(&self, before: &ServersCpu, work: f64) -> (Option<f64>, Option<f64>) {
+        let per = |now: Option<Duration>, then: Option<Duration>| {
+            Some(now?.saturating_sub(then?).as_secs_f64() * 1e6 / work.max(1.0))
+        };
+        (
+            per(self.postgres, before.postgres),
+            per(self.nats, before.nats),
+        )
+    }
+}
+
+/// Shown for a figure that may be missing.
+fn us(v: Option<f64>) -> String {
+    v.map_or("–".to_string(), |v| format!("{v:.0}"))
 }
 
 /// Runs the whole bench; prints a table and returns the final JSON report.
@@ -141,6 +213,17 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
         );
     }
     let db_url = database_url(&o).await?;
+    let servers = Servers::find(&db_url, &o.nats_url).await;
+    if servers.postgres.is_none() || servers.nats.is_none() {
+        println!(
+            "(the CPU of {} is not measured: not a process of this machine)",
+            match (servers.postgres, servers.nats) {
+                (None, None) => "PostgreSQL and nats-server",
+                (None, _) => "PostgreSQL",
+                _ => "nats-server",
+            }
+        );
+    }
     let client = async_nats::connect(&o.nats_url)
         .await
         .with_context(|| format!("cannot connect to NATS at {}", o.nats_url))?;
@@ -152,6 +235,7 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
     };
     let mut runs = Vec::new();
     let mut pgbench = HashMap::new();
+    let mut pgbench_cpu = HashMap::new();
     let mut node_rates = HashMap::new();
     let top = o.concurrency.iter().copied().max().unwrap_or(16);
     if !o.smoke {
@@ -161,7 +245,7 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
             n: o.n.min(2_000),
             ..o.clone()
         };
-        drain(&warm_up, &db_url, &js, "native", top).await?;
+        drain(&warm_up, &db_url, &js, "native", top, &servers).await?;
     }
     for (round, &c) in o.concurrency.iter().enumerate() {
         // WASM and native take turns going first, so neither always meets what the previous
@@ -175,12 +259,14 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
             if (mode == "batch" && o.batch_max < 2) || !o.modes.iter().any(|m| m == mode) {
                 continue;
             }
-            let run = drain(&o, &db_url, &js, mode, c).await?;
+            let run = drain(&o, &db_url, &js, mode, c, &servers).await?;
             println!(
-                "{:<7} c={c:<3} {:>8.0} msg/s  cpu {:>5.0} µs/msg  {:>4.1} switches/msg  ({} events, {} distinct: markers and effects verified)",
+                "{:<7} c={c:<3} {:>8.0} msg/s  cpu µs/msg: host {:>4.0} postgres {:>4} nats {:>4}  {:>4.1} switches/msg  ({} events, {} distinct: markers and effects verified)",
                 run.mode,
                 run.per_second,
                 run.cpu_us_per_msg,
+                us(run.pg_cpu_us_per_msg),
+                us(run.nats_cpu_us_per_msg),
                 run.switches_per_msg,
                 run.n,
                 run.distinct
@@ -189,10 +275,18 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
         }
         if o.pgbench_seconds > 0 {
             reset(&db_url).await?;
+            let before = servers.cpu();
             match peers::pgbench(&db_url, c, o.pgbench_seconds).await {
-                Ok(tps) => {
-                    println!("pgbench c={c:<3} {tps:>8.0} tps (seed transaction)");
+                Ok((tps, transactions)) => {
+                    let (pg_us, _) = servers.cpu().per(&before, transactions as f64);
+                    println!(
+                        "pgbench c={c:<3} {tps:>8.0} tps (seed transaction)  cpu µs/tx: postgres {:>4}",
+                        us(pg_us)
+                    );
                     pgbench.insert(c, tps);
+                    if let Some(v) = pg_us {
+                        pgbench_cpu.insert(c, v);
+                    }
                 }
                 Err(e) => println!("pgbench c={c}: skipped ({e:#})"),
             }
@@ -223,14 +317,21 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
     let _ = js.delete_stream(STREAM).await;
     let _ = js.delete_stream("IDEMHOST_BENCH_DLQ").await;
     let _ = js.delete_stream("IDEMHOST_BENCH_NODE").await;
-    Ok(report(&o, &runs, &pgbench, &node_rates, latency, rss))
+    Ok(report(
+        &o,
+        &runs,
+        (&pgbench, &pgbench_cpu),
+        &node_rates,
+        latency,
+        rss,
+    ))
 }
 
 /// The report: a table on stdout, and the JSON value (printed last by the CLI).
 fn report(
     o: &BenchOptions,
     runs: &[HostRun],
-    pgbench: &HashMap<u32, f64>,
+    (pgbench, pgbench_cpu): (&HashMap<u32, f64>, &HashMap<u32, f64>),
     node: &HashMap<u32, f64>,
     latency: Option<serde_json::Value>,
     rss: serde_json::Value,
@@ -293,6 +394,7 @@ fn report(
         runs,
         at,
         pgbench_at: pgbench.get(&at).copied(),
+        pgbench_cpu_at: pgbench_cpu.get(&at).copied(),
         pgbench_best: best_pgbench,
         node_at: node.get(&at).copied(),
         p99_ms: latency.as_ref().and_then(|l| l["p99_ms"].as_f64()),
@@ -300,7 +402,7 @@ fn report(
     });
     serde_json::json!({
         "n": o.n, "duplicates": o.duplicates, "batch_max": o.batch_max,
-        "runs": runs, "rows": rows, "targets": targets, "latency": latency, "memory": rss,
+        "runs": runs, "rows": rows, "pgbench_cpu_us_per_tx": pgbench_cpu, "targets": targets, "latency": latency, "memory": rss,
         "peak_rss_mib": peak_rss_mib(),
     })
 }
@@ -544,6 +646,7 @@ async fn drain(
     js: &jetstream::Context,
     mode: &str,
     c: u32,
+    servers: &Servers,
 ) -> anyhow::Result<HostRun> {
     let host_key = reset(db_url).await?;
     dead_letter_stream(js).await?;
@@ -554,6 +657,7 @@ async fn drain(
         host = host.with_handler(CONSUMER, Arc::new(RecordedNative));
     }
     let cpu0 = cpu_time();
+    let servers0 = servers.cpu();
     let switches0 = context_switches();
     let (stop, task) = start_host(host);
     let stream = js.get_stream(STREAM).await?;
@@ -586,6 +690,7 @@ async fn drain(
     let (t0, acked0) = first.unwrap_or((started, 0));
     let seconds = t0.elapsed().as_secs_f64().max(1e-6);
     let cpu = (cpu_time() - cpu0).as_secs_f64();
+    let (pg_cpu_us_per_msg, nats_cpu_us_per_msg) = servers.cpu().per(&servers0, o.n as f64);
     let switches = context_switches().saturating_sub(switches0);
     let _ = stop.send(());
     task.await??;
@@ -600,6 +705,8 @@ async fn drain(
         per_second: (o.n as u64 - acked0) as f64 / seconds,
         cpu_us_per_msg: cpu / o.n as f64 * 1e6,
         switches_per_msg: switches as f64 / o.n as f64,
+        pg_cpu_us_per_msg,
+        nats_cpu_us_per_msg,
     })
 }
 

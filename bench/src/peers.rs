@@ -17,10 +17,16 @@ UPDATE inventory SET available = available - 1, reserved = reserved + 1 WHERE sk
 COMMIT;
 ";
 
-/// pgbench's tps for the seed transaction at `clients` clients over `seconds`.
-pub(super) async fn pgbench(db_url: &str, clients: u32, seconds: u32) -> anyhow::Result<f64> {
+/// pgbench's tps for the seed transaction at `clients` clients over `seconds`, and the number
+/// of transactions it ran.
+pub(super) async fn pgbench(
+    db_url: &str,
+    clients: u32,
+    seconds: u32,
+) -> anyhow::Result<(f64, u64)> {
     let text = run_pgbench(db_url, clients, seconds, &[]).await?;
-    text.lines()
+    let tps = text
+        .lines()
         .find_map(|l| {
             l.strip_prefix("tps = ")?
                 .split_whitespace()
@@ -28,7 +34,18 @@ pub(super) async fn pgbench(db_url: &str, clients: u32, seconds: u32) -> anyhow:
                 .parse::<f64>()
                 .ok()
         })
-        .context("no tps line in pgbench's output")
+        .context("no tps line in pgbench's output")?;
+    let transactions = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("number of transactions actually processed: ")?
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .context("no transaction count in pgbench's output")?;
+    Ok((tps, transactions))
 }
 
 /// Latency of the seed transaction run by pgbench at a steady `rate`.

@@ -32,6 +32,8 @@ pub(super) struct Inputs<'a> {
     /// Client count the per-message targets are read at (16, or the run's largest).
     pub at: u32,
     pub pgbench_at: Option<f64>,
+    /// PostgreSQL's CPU per transaction of pgbench at [`Inputs::at`] clients (µs).
+    pub pgbench_cpu_at: Option<f64>,
     pub pgbench_best: Option<f64>,
     pub node_at: Option<f64>,
     /// End-to-end p99 of the paced run at half the default configuration's peak.
@@ -84,9 +86,38 @@ pub(super) fn report(i: &Inputs) -> serde_json::Value {
             unit: "×",
         },
         Target {
+            name: "PostgreSQL CPU per delivery, per message (WASM) / per pgbench transaction"
+                .into(),
+            measured: ratio(
+                rate("wasm").and_then(|r| r.pg_cpu_us_per_msg),
+                i.pgbench_cpu_at,
+            ),
+            goal: 1.3,
+            at_least: false,
+            unit: "×",
+        },
+        Target {
+            name: "PostgreSQL CPU per delivery, group commit (WASM) / per pgbench transaction"
+                .into(),
+            measured: ratio(
+                rate("batch").and_then(|r| r.pg_cpu_us_per_msg),
+                i.pgbench_cpu_at,
+            ),
+            goal: 0.5,
+            at_least: false,
+            unit: "×",
+        },
+        Target {
             name: "host CPU per WASM delivery (per message)".into(),
             measured: rate("wasm").map(|r| r.cpu_us_per_msg),
             goal: 70.0,
+            at_least: false,
+            unit: " µs",
+        },
+        Target {
+            name: "host CPU per WASM delivery (group commit)".into(),
+            measured: rate("batch").map(|r| r.cpu_us_per_msg),
+            goal: 40.0,
             at_least: false,
             unit: " µs",
         },
