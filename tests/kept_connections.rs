@@ -153,6 +153,23 @@ async fn a_connection_to_a_standby_is_not_kept() {
     conns.pool().close().await;
 }
 
+/// A transaction that writes, then fails a statement, and is ended with the wall's commit: the
+/// commit fails with 25P02 (in failed transaction), and nothing of it commits.
+async fn aborted_commit_fails(conns: &std::sync::Arc<Connections>, wall: &Wall, what: &str) {
+    let (mut tx, _) = conns.begin(wall.begin_sql()).await.unwrap();
+    sqlx::raw_sql("INSERT INTO effects VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(sqlx::raw_sql("SELECT 1/0").execute(&mut *tx).await.is_err());
+    let err = tx.commit_with(wall.commit_sql()).await.unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("25P02"),
+        "{what}: {err}"
+    );
+}
+
 /// PostgreSQL answers COMMIT in an aborted transaction with the tag ROLLBACK and no error. The
 /// host's commit statement must turn that into an error (no ack), and nothing may commit.
 #[tokio::test]
@@ -182,18 +199,7 @@ async fn a_commit_of_an_aborted_transaction_fails() {
     );
 
     // The host's commit: an error.
-    let (mut tx, _) = conns.begin(wall.begin_sql()).await.unwrap();
-    sqlx::raw_sql("INSERT INTO effects VALUES (2)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    assert!(sqlx::raw_sql("SELECT 1/0").execute(&mut *tx).await.is_err());
-    let err = tx.commit_with(wall.commit_sql()).await.unwrap_err();
-    assert_eq!(
-        err.as_database_error().and_then(|e| e.code()).as_deref(),
-        Some("25P02"),
-        "{err}"
-    );
+    aborted_commit_fails(&conns, &wall, "the host's commit").await;
     assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 0);
 
     // And a healthy transaction still commits through it.
@@ -204,5 +210,134 @@ async fn a_commit_of_an_aborted_transaction_fails() {
         .unwrap();
     tx.commit_with(wall.commit_sql()).await.unwrap();
     assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 1);
+    env.cleanup().await;
+}
+
+/// The plugin role's sessions of the consumers a host ran (`pg_stat_activity`).
+async fn role_sessions(env: &TestEnv, role: &str) -> i64 {
+    env.scalar(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'"
+    ))
+    .await
+}
+
+/// A `Host::run` that returned has closed every connection it opened, its plugins' role pools
+/// included: an embedder runs hosts one after another in its own process (`idemhost bench`
+/// does), and each run used to leave its plugin role's pool open (90 idle sessions after nine
+/// runs, then `too many clients already`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_returned_leaves_no_session_open() {
+    let env = TestEnv::new("closes").await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let nats = NatsEnv::new("closes", Duration::from_millis(100)).await;
+    let consumer = "closes-v1";
+    let role = env.plugin_role(consumer);
+    for run in 0..3 {
+        let host = RunningHost::start(idemhost::Host::new(config(
+            &env,
+            &nats,
+            consumer,
+            "inventory",
+            "max_in_flight = 4\nbatch_max = 1",
+        )));
+        for i in 0..8 {
+            let id = format!("evt-{run}-{i}");
+            nats.publish(Some(&id), &order_payload(&id, "sku-1", 1))
+                .await;
+        }
+        wait_until(Duration::from_secs(30), "the run's deliveries", || async {
+            (env.markers(consumer).await == 8 * (run + 1)).then_some(())
+        })
+        .await;
+        assert!(
+            role_sessions(&env, &role).await > 0,
+            "the deliveries ran on the role's sessions"
+        );
+        host.stop().await;
+        // The pool's Terminate reaches the server before `run` returns; the backend may take a
+        // moment to leave pg_stat_activity.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut open = role_sessions(&env, &role).await;
+        while open > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            open = role_sessions(&env, &role).await;
+        }
+        assert_eq!(open, 0, "run {run}: the plugin role's sessions are closed");
+    }
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// The session's clearing as a delivery commits, in both its forms: the call of
+/// `idemhost_session_clear` (migration 0010) and, on a schema migrated before it (a host run
+/// with `--no-migrate`), the statements it replaced. Either way a setting, a temporary table, a
+/// held cursor, a LISTEN and a session advisory lock left by the delivery are gone after its
+/// COMMIT, the effect committed,
+/// and a commit of an aborted transaction fails.
+#[tokio::test]
+async fn both_forms_of_the_clearing_clear_the_session() {
+    let env = TestEnv::new("kept_clear").await;
+    env.execute("CREATE TABLE effects (id int)").await;
+    for form in ["function", "statements"] {
+        if form == "statements" {
+            env.execute("DROP FUNCTION idemhost_session_clear(text[], text[], boolean)")
+                .await;
+        }
+        let wall = Wall::load(
+            &env.pool,
+            idemhost::Isolation::ReadCommitted,
+            Duration::from_secs(5),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            wall.commit_sql().contains("idemhost_session_clear"),
+            form == "function",
+            "{form}: {}",
+            wall.commit_sql()
+        );
+        let conns = Connections::new(env.pool.clone(), 1);
+        let (mut tx, _) = conns.begin(wall.begin_sql()).await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO effects VALUES (1);
+             SELECT set_config('work_mem', '1MB', false);
+             SELECT set_config('synchronous_commit', 'off', true);
+             CREATE TEMP TABLE leftover (a int);
+             DECLARE held CURSOR WITH HOLD FOR SELECT 1;
+             LISTEN leftover;
+             SELECT pg_advisory_lock(4243);",
+        )
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit_with(wall.commit_sql()).await.unwrap();
+        // The kept connection again: the same session.
+        let (mut tx, _) = conns.begin("BEGIN").await.unwrap();
+        let seen: (i32, String, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT pg_backend_pid(), current_setting('work_mem'), \
+             (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()), \
+             (SELECT count(*) FROM pg_cursors WHERE name = 'held'), \
+             (SELECT count(*) FROM pg_listening_channels()), \
+             (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(seen.0, pid, "{form}: the same session");
+        assert_ne!(seen.1, "1MB", "{form}: the setting is reset");
+        assert_eq!(
+            (seen.2, seen.3, seen.4, seen.5),
+            (0, 0, 0, 0),
+            "{form}: temporary table, cursor, LISTEN, advisory lock"
+        );
+        aborted_commit_fails(&conns, &wall, form).await;
+    }
+    assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 2);
     env.cleanup().await;
 }

@@ -85,84 +85,120 @@ impl Host {
         let (pool, failover) =
             pg::connect_following(&config.postgres, config.postgres.max_connections).await?;
         let _watcher = failover.spawn_watch(config.postgres.failover_check_interval.0);
-        if options.migrate {
-            pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
-        }
-        let runtime = plugin_runtime(&config, &native, total_in_flight)?;
-        let nats_url = pg::redact_urls(&config.nats.url);
-        let (client, js) = source::connect_nats(&config.nats).await?;
-        readiness.watch(client.clone(), pool.clone());
-        let store = match (config.plugins.store, &runtime) {
-            (Some(PluginStoreKind::Nats), Some(_)) => {
-                Some(NatsStore::open(&js, &config.plugins).await?)
-            }
-            _ => None,
-        };
-
-        let (registry, watched) = load(&config, &native, runtime, store.as_ref()).await?;
-        let registry = Arc::new(registry);
-        readiness.set_registry(registry.clone());
-        metrics.set_plugins(Box::new(registry::PluginCollector(registry.clone())));
-        let runtimes = bind(&config, &native, &pool, &failover, &registry, &js, &metrics).await?;
-
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut background = Vec::new();
-        if config.plugins.watch && !watched.is_empty() {
-            background.push(registry::watch::spawn(
-                registry.clone(),
-                watched,
-                config.plugins.watch_interval.0,
-                stop_rx.clone(),
-            ));
-        }
-        if let Some(store) = store {
-            background.push(store.follow(registry.clone(), stop_rx.clone()));
-        }
-        background.extend(crate::ops::sample::spawn(
-            metrics.clone(),
-            &config.metrics,
-            js.clone(),
-            pool.clone(),
-            config.consumers.clone(),
-            stop_rx.clone(),
-        ));
-        // The relay stops after the consumers: its last pass sends what they committed.
-        let (relay_stop, relay_stop_rx) = watch::channel(false);
-        let relay = config.outbox.relay.then(|| {
-            crate::outbox::relay::spawn(
-                pool.clone(),
-                js.clone(),
-                metrics.clone(),
-                &config.outbox,
-                relay_stop_rx,
-            )
-        });
-        let drain_for = config.host.shutdown_timeout.0;
-        let mut running = JoinSet::new();
-        for rt in runtimes {
-            running.spawn(rt.run(stop_rx.clone(), drain_for));
-        }
-        info!(consumers = config.consumers.len(), nats = %nats_url, "idemhost running");
-        readiness.set(true);
-        shutdown.await;
-        readiness.set(false);
-        info!("shutdown requested; finishing in-flight deliveries");
-        let _ = stop_tx.send(true);
-        drain(
-            running,
-            relay.map(|r| (r, relay_stop)),
-            background,
-            drain_for,
+        let served = serve(
+            &config,
+            &native,
+            options,
+            shutdown,
+            (&pool, &failover),
+            (&readiness, &metrics),
         )
         .await;
-        // Flush acks still buffered in the client before the process exits.
-        if let Err(e) = client.flush().await {
-            tracing::warn!(error = %e, "failed to flush NATS connection");
+        // Whether it ran or failed to start: the plugins' role pools are closed too, not the
+        // host's alone.
+        if tokio::time::timeout(CLOSE_POOLS_WITHIN, failover.close_all())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "PostgreSQL connections still in use {CLOSE_POOLS_WITHIN:?} after the consumers stopped; not waiting for them"
+            );
         }
-        pool.close().await;
+        served?;
         info!("idemhost stopped");
         Ok(())
     }
+}
+
+/// How long a returning [`Host::run`] waits for its pools to close.
+const CLOSE_POOLS_WITHIN: Duration = Duration::from_secs(10);
+
+/// [`Host::run`] once connected to PostgreSQL: migrates, loads and binds, consumes until
+/// `shutdown`, drains.
+async fn serve(
+    config: &Config,
+    native: &HashMap<String, Arc<dyn Handler>>,
+    options: RunOptions,
+    shutdown: impl Future<Output = ()>,
+    (pool, failover): (&PgPool, &Arc<pg::Failover>),
+    (readiness, metrics): (&Readiness, &Arc<Metrics>),
+) -> anyhow::Result<()> {
+    if options.migrate {
+        pg::migrate(pool, config.postgres.schema.as_deref()).await?;
+    }
+    let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
+    let runtime = plugin_runtime(config, native, total_in_flight)?;
+    let nats_url = pg::redact_urls(&config.nats.url);
+    let (client, js) = source::connect_nats(&config.nats).await?;
+    readiness.watch(client.clone(), pool.clone());
+    let store = match (config.plugins.store, &runtime) {
+        (Some(PluginStoreKind::Nats), Some(_)) => {
+            Some(NatsStore::open(&js, &config.plugins).await?)
+        }
+        _ => None,
+    };
+
+    let (registry, watched) = load(&config, &native, runtime, store.as_ref()).await?;
+    let registry = Arc::new(registry);
+    readiness.set_registry(registry.clone());
+    metrics.set_plugins(Box::new(registry::PluginCollector(registry.clone())));
+    let runtimes = bind(&config, &native, &pool, &failover, &registry, &js, &metrics).await?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut background = Vec::new();
+    if config.plugins.watch && !watched.is_empty() {
+        background.push(registry::watch::spawn(
+            registry.clone(),
+            watched,
+            config.plugins.watch_interval.0,
+            stop_rx.clone(),
+        ));
+    }
+    if let Some(store) = store {
+        background.push(store.follow(registry.clone(), stop_rx.clone()));
+    }
+    background.extend(crate::ops::sample::spawn(
+        metrics.clone(),
+        &config.metrics,
+        js.clone(),
+        pool.clone(),
+        config.consumers.clone(),
+        stop_rx.clone(),
+    ));
+    // The relay stops after the consumers: its last pass sends what they committed.
+    let (relay_stop, relay_stop_rx) = watch::channel(false);
+    let relay = config.outbox.relay.then(|| {
+        crate::outbox::relay::spawn(
+            pool.clone(),
+            js.clone(),
+            metrics.clone(),
+            &config.outbox,
+            relay_stop_rx,
+        )
+    });
+    let drain_for = config.host.shutdown_timeout.0;
+    let mut running = JoinSet::new();
+    for rt in runtimes {
+        running.spawn(rt.run(stop_rx.clone(), drain_for));
+    }
+    info!(consumers = config.consumers.len(), nats = %nats_url, "idemhost running");
+    readiness.set(true);
+    shutdown.await;
+    readiness.set(false);
+    info!("shutdown requested; finishing in-flight deliveries");
+    let _ = stop_tx.send(true);
+    drain(
+        running,
+        relay.map(|r| (r, relay_stop)),
+        background,
+        drain_for,
+    )
+    .await;
+    // Flush acks still buffered in the client before the process exits.
+    if let Err(e) = client.flush().await {
+        tracing::warn!(error = %e, "failed to flush NATS connection");
+    }
+    Ok(())
 }
 
 /// The WASM runtime, when any consumer has no native handler: its instance pool sized for the

@@ -78,7 +78,8 @@ pub async fn run(
             commit,
         });
     let processed = claimer.process(handler, msg).await;
-    pool.close().await;
+    drop(claimer);
+    failover.close_all().await;
     Ok(Rehearsed {
         processed,
         traced: trace.snapshot(),

@@ -141,6 +141,14 @@ impl Failover {
         pools.push(pool.clone());
     }
 
+    /// Closes every pool it follows (the host's own and the plugins' role pools) and waits
+    /// until each has closed its connections: what a host that returns leaves open is nothing
+    /// (an embedder may run hosts one after another in one process).
+    pub async fn close_all(&self) {
+        let pools = std::mem::take(&mut *self.pools.lock().unwrap_or_else(|p| p.into_inner()));
+        futures::future::join_all(pools.iter().map(PgPool::close)).await;
+    }
+
     /// A connection to server `i` that offers the session asked for, or why not.
     async fn probe(&self, i: usize) -> Result<PgConnection, String> {
         let options = retarget(&self.servers, self.options.clone(), i);
