@@ -548,3 +548,140 @@ async fn a_changed_client_encoding_cannot_make_a_claim_miss() {
     db.cleanup().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The host's functions look nothing up through the caller's search path: their bodies name
+/// every table with its schema and every function, operator and type with `pg_catalog` (they
+/// no longer set `search_path` per call, which cost a configuration change and its undo on
+/// every claim). A session whose search path puts, before `pg_catalog`, a schema of look-alikes
+/// — tables of the host's names, a `sha256` and `convert_to` that make every key match, `=`
+/// and `<>` operators that always agree — gets a refusal for a guessed key, and the real key
+/// claims into the host's own tables.
+#[tokio::test]
+async fn the_host_functions_ignore_a_callers_search_path() {
+    let env = TestEnv::new("shadow").await;
+    let s = &env.schema;
+    let shadow = format!("{s}_shadow");
+    env.execute(&format!(
+        "CREATE SCHEMA {shadow};
+         CREATE TABLE {shadow}.idemhost_key (key text);
+         INSERT INTO {shadow}.idemhost_key VALUES ('guess');
+         CREATE TABLE {shadow}.processed_message (consumer_name text, message_id text, UNIQUE (consumer_name, message_id));
+         CREATE TABLE {shadow}.processed_message_handler (consumer_name text, message_id text, plugin_digest text, UNIQUE (consumer_name, message_id));
+         CREATE FUNCTION {shadow}.sha256(bytea) RETURNS bytea LANGUAGE sql AS $$ SELECT '\\x00'::bytea $$;
+         CREATE FUNCTION {shadow}.convert_to(text, name) RETURNS bytea LANGUAGE sql AS $$ SELECT '\\x00'::bytea $$;
+         CREATE FUNCTION {shadow}.current_setting(text) RETURNS text LANGUAGE sql AS $$ SELECT 'UTF8'::text $$;
+         CREATE FUNCTION {shadow}.agree(bytea, bytea) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$;
+         CREATE FUNCTION {shadow}.never(text, text) RETURNS boolean LANGUAGE sql AS $$ SELECT false $$;
+         CREATE OPERATOR {shadow}.= (LEFTARG = bytea, RIGHTARG = bytea, FUNCTION = {shadow}.agree);
+         CREATE OPERATOR {shadow}.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = {shadow}.never);
+         CREATE FUNCTION {shadow}.unnest(text[]) RETURNS SETOF text LANGUAGE sql AS $$ SELECT 'shadowed'::text $$;"
+    ))
+    .await;
+    let mut conn = env.pool.acquire().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET search_path = {shadow}, pg_catalog, {s}, pg_temp"
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    for call in [
+        format!("SELECT {s}.idemhost_claim('guess', 'c', 'forged', 'd')::text"),
+        format!("SELECT {s}.idemhost_claim_all('guess', 'c', ARRAY['forged'], 'd')"),
+        format!(
+            "SELECT {s}.idemhost_outbox_insert('guess', 'c', 'forged', 0, 'x', '[]'::jsonb, ''::bytea)::text"
+        ),
+    ] {
+        let refused = sqlx::query_scalar::<_, Option<String>>(sqlx::AssertSqlSafe(call.clone()))
+            .fetch_all(&mut *conn)
+            .await
+            .expect_err(&call);
+        let code = refused.as_database_error().and_then(|e| e.code());
+        assert_eq!(code.as_deref(), Some("42501"), "{call}: {refused}");
+    }
+    let key = env.host_key().await;
+    let claimed: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT {s}.idemhost_claim($1, 'c', 'real', 'd')"
+    )))
+    .bind(&key)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let group: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT {s}.idemhost_claim_all($1, 'c', ARRAY['g1', 'g2'], 'd')"
+    )))
+    .bind(&key)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    drop(conn);
+    assert!(claimed);
+    assert_eq!(group, ["g1", "g2"]);
+    assert_eq!(
+        env.scalar(&format!("SELECT count(*) FROM {s}.processed_message"))
+            .await,
+        3,
+        "the real key claims into the host's own marker table"
+    );
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM {s}.processed_message_handler"
+        ))
+        .await,
+        3
+    );
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT (SELECT count(*) FROM {shadow}.processed_message) + (SELECT count(*) FROM {shadow}.processed_message_handler)"
+        ))
+        .await,
+        0,
+        "nothing went to the look-alikes"
+    );
+    env.execute(&format!("DROP SCHEMA {shadow} CASCADE")).await;
+    env.cleanup().await;
+}
+
+/// A marker's plugin version row goes with it — deleted (`markers prune`, an operator's
+/// DELETE) or truncated — as the foreign key's cascade did before a trigger per statement
+/// replaced it (the key's check per claimed row was the claim's most expensive part); and a
+/// version row left without its marker (removed with triggers off) never fails a later claim
+/// of that id: the claim overwrites it.
+#[tokio::test]
+async fn a_markers_version_row_goes_with_it() {
+    let env = TestEnv::new("cascade").await;
+    let key = env.host_key().await;
+    let claim = |id: &'static str| {
+        let (pool, key) = (env.pool.clone(), key.clone());
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT idemhost_claim($1, 'c', $2, 'sha256:one')")
+                .bind(key)
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    for id in ["a", "b", "c"] {
+        assert!(claim(id).await);
+    }
+    let versions = || env.scalar("SELECT count(*) FROM processed_message_handler");
+    assert_eq!(versions().await, 3);
+    env.execute("DELETE FROM processed_message WHERE message_id = 'a'")
+        .await;
+    assert_eq!(versions().await, 2, "deleted with its marker");
+    env.execute("TRUNCATE processed_message").await;
+    assert_eq!(versions().await, 0, "truncated with the markers");
+    // A version row without its marker, as a delete with triggers off leaves it.
+    env.execute("INSERT INTO processed_message_handler VALUES ('c', 'b', 'sha256:stale')")
+        .await;
+    assert!(claim("b").await, "the id is claimed again");
+    assert_eq!(
+        env.scalar(
+            "SELECT count(*) FROM processed_message_handler WHERE message_id = 'b' AND plugin_digest = 'sha256:one'"
+        )
+        .await,
+        1,
+        "the claim's own version overwrote the stale one"
+    );
+    env.cleanup().await;
+}

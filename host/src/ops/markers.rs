@@ -193,7 +193,8 @@ pub async fn check_horizon(
 
 /// Deletes (or, with `dry_run`, counts) `consumer`'s markers older than `older_than`, in
 /// transactions of at most `batch` rows, oldest first; their `processed_message_handler` rows
-/// go with them (foreign key, `ON DELETE CASCADE`). The caller checks the horizon first.
+/// go with them (a trigger per DELETE on the marker table, migration 0010). The caller checks
+/// the horizon first.
 pub async fn prune(
     pool: &PgPool,
     consumer: &str,

@@ -293,8 +293,8 @@ impl Tx {
         self.session_failed |= session_failed(error);
     }
 
-    /// Commits with `statement`: `COMMIT`, possibly after `SET LOCAL`s that re-assert what the
-    /// commit depends on and before a session reset (see [`super::Wall`]), in one round trip.
+    /// Commits with `statement`: `COMMIT`, possibly after the session's clearing and the
+    /// settings the commit depends on (see [`super::Wall`]), in one round trip.
     pub async fn commit_with(self, statement: &str) -> Result<(), sqlx::Error> {
         self.end(statement).await
     }
@@ -339,9 +339,9 @@ impl Tx {
     /// closed.
     ///
     /// A COMMIT in a transaction that an error aborted answers `ROLLBACK`, not an error. The
-    /// host's commit statement therefore starts with a `SET LOCAL` (see [`super::Wall`]), which
-    /// an aborted transaction refuses (25P02): such a commit returns `Err`, and the delivery is
-    /// not acked.
+    /// host's commit statement therefore starts with other statements (see [`super::Wall`]),
+    /// which an aborted transaction refuses (25P02): such a commit returns `Err`, and the
+    /// delivery is not acked.
     async fn end(mut self, statement: &str) -> Result<(), sqlx::Error> {
         let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
             .fetch_all(&mut *self)

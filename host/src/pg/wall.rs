@@ -20,8 +20,8 @@ pub struct Wall {
     pub(crate) claim_sql: String,
     pub(crate) claim_all_sql: String,
     pub(crate) outbox_sql: String,
-    /// Sent with every COMMIT: the durability the operator configured, re-asserted after the
-    /// plugin ran (whatever it set in the transaction).
+    /// Sent as every COMMIT: the session cleared, the durability the operator configured
+    /// re-asserted after the plugin ran (whatever it set in the transaction), COMMIT.
     pub(crate) commit_sql: String,
     /// Opens a delivery's transaction (see [`Wall::load`]).
     pub(crate) begin_sql: String,
@@ -63,22 +63,36 @@ impl Wall {
         &self.between_sql
     }
 
-    /// Ends a delivery's transaction: the host's `SET LOCAL`s, `COMMIT`, the session reset.
+    /// Ends a delivery's transaction: the session cleared, the host's durability set again,
+    /// `COMMIT` (see [`SESSION_CLEAR`]).
     pub fn commit_sql(&self) -> &str {
         &self.commit_sql
     }
 }
 
-/// Sent after every COMMIT or ROLLBACK of a delivery, in the same round trip, so nothing a
-/// plugin left in the session outlives its delivery: settings (`pg_settings`, `set_config(...,
-/// false)`), temporary tables and functions, held cursors, LISTEN (effective at once: these run
-/// in a transaction of their own after the delivery's ended), session advisory locks. The last
-/// row says whether SQL-level prepared statements are left: then the connection is closed, not
-/// kept (`DEALLOCATE ALL` would also drop the client's own). `role` and `session_authorization`
-/// are not settings a plugin can move: its connection logs in as its own role, a member of none.
-const SESSION_RESET: &str = "RESET ALL; DISCARD TEMP; CLOSE ALL; UNLISTEN *; \
-     SELECT pg_advisory_unlock_all(); \
-     SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE from_sql)";
+/// What the host clears of a plugin's session as each delivery ends, so nothing a plugin left
+/// in it outlives its delivery: settings (`pg_settings`, `set_config(..., false)`), temporary
+/// tables and functions, held cursors, LISTEN. Sent in the delivery's own round trip — before
+/// its COMMIT, inside the transaction (where they take effect with the commit: a LISTEN of the
+/// transaction is cancelled by the UNLISTEN after it), or after its ROLLBACK (which would undo
+/// them). Session advisory locks are released in the statement after these, which says whether
+/// SQL-level prepared statements are left ([`PREPARED_LEFT`]): then the connection is closed,
+/// not kept (`DEALLOCATE ALL` would also drop the client's own). `role` and
+/// `session_authorization` are not settings a plugin can move: its connection logs in as its
+/// own role, a member of none.
+///
+/// It is one call of the host's `idemhost_session_clear` (migration 0010), whose statements keep
+/// their plans in the session; on a schema migrated before it, these statements, which the
+/// server parses and plans for every delivery. What each form costs the server was measured
+/// (`scripts/bench-wall.sh`): the call least, and before the COMMIT less than after it, where
+/// it ran in a transaction of its own.
+const SESSION_CLEAR: &str = "RESET ALL; DISCARD TEMP; CLOSE ALL; UNLISTEN *";
+
+/// Whether SQL-level prepared statements are left in the session: from the function behind the
+/// `pg_prepared_statements` view (planning the view's expansion for every delivery cost the
+/// server more than the check itself).
+const PREPARED_LEFT: &str =
+    "EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statement() AS p WHERE p.from_sql)";
 
 /// `SET LOCAL name = 'value'` for each setting (values already escaped), `;`-separated.
 fn set_local(settings: &[(&str, String)]) -> String {
@@ -103,7 +117,7 @@ impl Wall {
     /// host's `synchronous_commit` and `statement_timeout`, and commits with that
     /// `synchronous_commit` again: nothing a plugin set — in its transaction, or for its role
     /// (`ALTER ROLE ... SET`) — decides how the host's own statements and the COMMIT run. The
-    /// session is reset as the delivery ends ([`SESSION_RESET`]).
+    /// session is cleared as the delivery ends ([`SESSION_CLEAR`]).
     pub async fn load(
         pool: &PgPool,
         isolation: crate::config::Isolation,
@@ -111,7 +125,10 @@ impl Wall {
         group_lock_timeout: Option<std::time::Duration>,
     ) -> Result<Wall, sqlx::Error> {
         let row = sqlx::query(
-            "SELECT current_schema()::text, k.key, current_setting('synchronous_commit') \
+            "SELECT current_schema()::text, k.key, current_setting('synchronous_commit'), \
+             pg_catalog.to_regprocedure(pg_catalog.format( \
+                 '%I.idemhost_session_clear(text[], text[], boolean)', current_schema())) \
+                 IS NOT NULL \
              FROM idemhost_key k",
         )
         .fetch_one(pool)
@@ -119,15 +136,51 @@ impl Wall {
         let schema: String = row.try_get(0)?;
         let key: String = row.try_get(1)?;
         let synchronous_commit: String = row.try_get(2)?;
+        // A schema migrated before 0010 (a host started with `--no-migrate` on it) has no
+        // `idemhost_session_clear`: the same clearing is then sent as statements.
+        let clear_function: bool = row.try_get(3)?;
         let s = quote_ident(&schema);
         // The host's settings of a delivery's transaction, as (name, value); a group's adds its
         // lock timeout. `synchronous_commit` is one of a fixed set of words; quoted all the same.
         let durability = ("synchronous_commit", synchronous_commit.replace('\'', "''"));
+        // The clearing, then the durability the operator configured (`set_config(..., true)` is
+        // `SET LOCAL`; `RESET ALL` undid the one of the BEGIN), then COMMIT. An aborted
+        // transaction refuses the first statement (25P02), so such a commit fails instead of
+        // answering ROLLBACK.
+        let clear = |settings: &[(&str, String)], read_only: bool| {
+            if clear_function {
+                let array = |values: Vec<String>| match values.is_empty() {
+                    true => "NULL".to_string(),
+                    false => format!("ARRAY[{}]", values.join(", ")),
+                };
+                format!(
+                    "SELECT {s}.idemhost_session_clear({}, {}, {read_only})",
+                    array(settings.iter().map(|(n, _)| format!("'{n}'")).collect()),
+                    array(settings.iter().map(|(_, v)| format!("'{v}'")).collect()),
+                )
+            } else {
+                let set: Vec<String> =
+                    std::iter::once("pg_catalog.pg_advisory_unlock_all()".into())
+                        .chain(settings.iter().map(|(name, value)| {
+                            format!("pg_catalog.set_config('{name}', '{value}', true)")
+                        }))
+                        .collect();
+                format!(
+                    "{SESSION_CLEAR}; SELECT {PREPARED_LEFT}{} FROM (SELECT {}) AS host",
+                    if read_only {
+                        " OR pg_catalog.current_setting('transaction_read_only')::bool"
+                    } else {
+                        ""
+                    },
+                    set.join(", ")
+                )
+            }
+        };
         let commit_sql = format!(
-            "{}; COMMIT; {SESSION_RESET}",
-            set_local(std::slice::from_ref(&durability))
+            "{}; COMMIT",
+            clear(std::slice::from_ref(&durability), false)
         );
-        let rollback_sql = format!("ROLLBACK; {SESSION_RESET}");
+        let rollback_sql = format!("ROLLBACK; {}", clear(&[], false));
         let mut locals = vec![
             durability,
             (
@@ -142,21 +195,10 @@ impl Wall {
         }
         let begin_group_sql = format!("{begin}; {}", set_local(&locals));
         // Inside the transaction: `RESET ALL` and the settings after it are the transaction's
-        // until it ends. LISTEN is left to the reset after COMMIT: it takes effect only then.
-        // The settings go in one SELECT with the lock release and the check (`set_config(...,
-        // true)` is `SET LOCAL`): four statements rather than nine, the last one's row the
-        // answer.
-        let set_configs: Vec<String> = locals
-            .iter()
-            .map(|(name, value)| format!("pg_catalog.set_config('{name}', '{value}', true)"))
-            .collect();
-        let between_sql = format!(
-            "RESET ALL; DISCARD TEMP; CLOSE ALL; \
-             SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements WHERE from_sql) \
-             OR pg_catalog.current_setting('transaction_read_only')::bool \
-             FROM (SELECT pg_catalog.pg_advisory_unlock_all(), {}) AS host",
-            set_configs.join(", ")
-        );
+        // until it ends (a LISTEN, effective only at COMMIT, is undone by the clearing before
+        // it). The row says whether prepared statements are left or the transaction was made
+        // read-only.
+        let between_sql = clear(&locals, true);
         Ok(Wall {
             key,
             claim_sql: format!(

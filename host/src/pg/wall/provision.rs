@@ -142,7 +142,8 @@ async fn provision_role_once(
             .await?;
     let functions = format!(
         "{s}.idemhost_claim(text, text, text, text), {s}.idemhost_claim_all(text, text, text[], text), \
-         {s}.idemhost_outbox_insert(text, text, text, integer, text, jsonb, bytea)"
+         {s}.idemhost_outbox_insert(text, text, text, integer, text, jsonb, bytea), \
+         {s}.idemhost_session_clear(text[], text[], boolean)"
     );
     let mut grants = vec![
         format!("GRANT USAGE ON SCHEMA {s} TO {r}"),
