@@ -188,6 +188,7 @@ impl ConsumerRuntime {
     /// never buffers more than that. Per message nothing waits unstarted long enough to reach
     /// its ack deadline; a group's waiting deliveries are told in progress (see [`Gathering`]).
     /// Acks still on their way hold no credit; the server's `max_ack_pending` bounds them.
+    /// Under load a request waits (briefly) for a quarter of the credits.
     pub(crate) async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
         let batch_max = self.config.batch_max().max(1) as usize;
         let progress_every = self.config.ack_wait.0 / 3;
@@ -197,6 +198,7 @@ impl ConsumerRuntime {
             self.config.max_in_flight as usize,
         ));
         let credits = Arc::new(Semaphore::new(pull_credits(&self.config)));
+        let gather = (pull_credits(&self.config) / 4).max(1);
         let mut gathering = Gathering::default();
         let mut caution = pulling::Caution::new(&self.client, self.config.ack_wait.0, PULL_EXPIRES);
         let mut tasks = JoinSet::new();
@@ -221,6 +223,21 @@ impl ConsumerRuntime {
             let mut held = vec![first];
             while let Ok(c) = credits.clone().try_acquire_owned() {
                 held.push(c);
+            }
+            // Under load a request per freed credit cost the server a pull request per delivery
+            // or two. While fewer than a quarter of the credits are free, more than
+            // `max_in_flight` deliveries' worth of messages are pulled and not settled, so some
+            // are waiting for a slot and keep the deliveries busy: the request waits for a
+            // quarter (for a while at most) instead. Not where messages wait behind their key
+            // (`ordering`): those may be all there is.
+            if self.ordering.is_none() {
+                let until = tokio::time::Instant::now() + GATHER_CREDITS_FOR;
+                while held.len() < gather {
+                    match tokio::time::timeout_at(until, credits.clone().acquire_owned()).await {
+                        Ok(Ok(c)) => held.push(c),
+                        _ => break,
+                    }
+                }
             }
             while tasks.try_join_next().is_some() {}
             let (ask, connects) = caution.ask(held.len());
@@ -430,6 +447,10 @@ fn max_waiting(config: &ConsumerConfig) -> usize {
         .as_ref()
         .map_or(0, |o| o.max_waiting as usize)
 }
+
+/// How long a pull waits for more free credits under load (see
+/// [`ConsumerRuntime::run`]).
+const GATHER_CREDITS_FOR: Duration = Duration::from_millis(20);
 
 /// Messages pulled and not yet settled, at most: `2 × max_in_flight` deliveries (or batches
 /// of `batch_max`).
