@@ -9,12 +9,15 @@
 --    costs a claim nothing. The claim writes the version row with `ON CONFLICT ... DO UPDATE`,
 --    so a row left behind by a marker removed with triggers off (`session_replication_role =
 --    replica`) is overwritten, never a failed claim.
--- 2. The host's functions called `idemhost_authorize` (a second SECURITY DEFINER function) and
---    set `search_path` for their duration (a configuration change and its undo per call). The
---    check is now inline, and every name in the bodies is qualified instead — tables with their
---    schema, functions and operators with `pg_catalog`, declared types too — so nothing a
---    caller's search path holds is looked up. They still run as their owner, only for the
---    caller that presents the host key, on a UTF-8 session.
+-- 2. The host's functions called `idemhost_authorize` (a second SECURITY DEFINER function,
+--    with its own `search_path`: a second configuration change and its undo per call). The
+--    check is now inline. They keep their fixed `search_path`: what they run runs as their
+--    owner, triggers on the tables they write included, and the outbox's trigger function
+--    (0005) named `pg_notify` unqualified — without the fixed path, a session that put a schema
+--    of its own before `pg_catalog` ran its own `pg_notify` as the host's role (found by review
+--    with the SQL gate off). Every name in their bodies, and in that trigger function now, is
+--    qualified as well. They still run only for the caller that presents the host key, on a
+--    UTF-8 session.
 -- 3. The clearing of a plugin's session as each delivery ends (and between two deliveries of a
 --    group) was five statements the server parsed and planned for every delivery; it is one
 --    call of `idemhost_session_clear` now, whose statements keep their plans in the session.
@@ -99,11 +102,21 @@ BEGIN
     EXECUTE format('REVOKE EXECUTE ON FUNCTION %1$I.idemhost_session_clear(text[], text[], boolean) '
         'FROM PUBLIC', s);
 
+    -- The outbox's trigger function (0005): it runs as whoever inserts, the host's role inside
+    -- idemhost_outbox_insert, so it names pg_notify with its schema and fixes its own path.
+    EXECUTE format($f$
+        CREATE OR REPLACE FUNCTION %1$I.outbox_message_notify() RETURNS trigger
+        LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $body$
+        BEGIN
+            PERFORM pg_catalog.pg_notify('idemhost_outbox', '');
+            RETURN NULL;
+        END $body$ $f$, s);
+
     -- The claim of one message (0006's, with the check inline and the version row upserted).
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %1$I.idemhost_claim(p_key text, p_consumer text, p_id text, p_digest text)
         RETURNS boolean
-        LANGUAGE plpgsql SECURITY DEFINER AS $body$
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
         DECLARE
             claimed pg_catalog.text;
         BEGIN
@@ -127,7 +140,7 @@ BEGIN
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %1$I.idemhost_claim_all(p_key text, p_consumer text, p_ids text[], p_digest text)
         RETURNS SETOF text
-        LANGUAGE plpgsql SECURITY DEFINER AS $body$
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
         BEGIN
             %2$s
             RETURN QUERY
@@ -148,7 +161,7 @@ BEGIN
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %1$I.idemhost_outbox_insert(p_key text, p_consumer text, p_source text,
             p_seq integer, p_subject text, p_headers jsonb, p_payload bytea) RETURNS void
-        LANGUAGE plpgsql SECURITY DEFINER AS $body$
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
         BEGIN
             %2$s
             INSERT INTO %1$I.outbox_message

@@ -549,13 +549,16 @@ async fn a_changed_client_encoding_cannot_make_a_claim_miss() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The host's functions look nothing up through the caller's search path: their bodies name
-/// every table with its schema and every function, operator and type with `pg_catalog` (they
-/// no longer set `search_path` per call, which cost a configuration change and its undo on
-/// every claim). A session whose search path puts, before `pg_catalog`, a schema of look-alikes
-/// — tables of the host's names, a `sha256` and `convert_to` that make every key match, `=`
-/// and `<>` operators that always agree — gets a refusal for a guessed key, and the real key
-/// claims into the host's own tables.
+/// The host's functions look nothing up through the caller's search path: they fix their own
+/// and name every table with its schema and every function, operator and type with
+/// `pg_catalog`, and so does the trigger function their outbox insert fires. A session whose
+/// search path puts, before `pg_catalog`, a schema of look-alikes — tables of the host's names,
+/// a `sha256` and `convert_to` that make every key match, `=` and `<>` operators that always
+/// agree, a `pg_notify` that records who ran it — gets a refusal for a guessed key, and the real
+/// key claims into the host's own tables and inserts an outbox row without running the
+/// look-alike (review, with the gate off and a schema the plugin could create in: the trigger
+/// named `pg_notify` unqualified, and without the functions' fixed path it ran the plugin's
+/// own as the host's role).
 #[tokio::test]
 async fn the_host_functions_ignore_a_callers_search_path() {
     let env = TestEnv::new("shadow").await;
@@ -574,7 +577,10 @@ async fn the_host_functions_ignore_a_callers_search_path() {
          CREATE FUNCTION {shadow}.never(text, text) RETURNS boolean LANGUAGE sql AS $$ SELECT false $$;
          CREATE OPERATOR {shadow}.= (LEFTARG = bytea, RIGHTARG = bytea, FUNCTION = {shadow}.agree);
          CREATE OPERATOR {shadow}.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = {shadow}.never);
-         CREATE FUNCTION {shadow}.unnest(text[]) RETURNS SETOF text LANGUAGE sql AS $$ SELECT 'shadowed'::text $$;"
+         CREATE FUNCTION {shadow}.unnest(text[]) RETURNS SETOF text LANGUAGE sql AS $$ SELECT 'shadowed'::text $$;
+         CREATE TABLE {shadow}.loot (who text);
+         CREATE FUNCTION {shadow}.pg_notify(text, text) RETURNS void LANGUAGE sql
+             AS $$ INSERT INTO {shadow}.loot SELECT current_user::text $$;"
     ))
     .await;
     let mut conn = env.pool.acquire().await.unwrap();
@@ -613,9 +619,28 @@ async fn the_host_functions_ignore_a_callers_search_path() {
     .fetch_all(&mut *conn)
     .await
     .unwrap();
+    // The outbox function inserts a row, which fires the outbox's trigger (it notifies the
+    // relay): that runs as the host's role too, and must not find the look-alike `pg_notify`.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {s}.idemhost_outbox_insert($1, 'c', 'real', 0, 'x', '[]'::jsonb, ''::bytea)::text"
+    )))
+    .bind(&key)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
     drop(conn);
     assert!(claimed);
     assert_eq!(group, ["g1", "g2"]);
+    assert_eq!(
+        env.scalar(&format!("SELECT count(*) FROM {shadow}.loot")).await,
+        0,
+        "the outbox's trigger ran a look-alike pg_notify as the host's role"
+    );
+    assert_eq!(
+        env.scalar(&format!("SELECT count(*) FROM {s}.outbox_message"))
+            .await,
+        1
+    );
     assert_eq!(
         env.scalar(&format!("SELECT count(*) FROM {s}.processed_message"))
             .await,
