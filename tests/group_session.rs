@@ -219,3 +219,73 @@ async fn hold_advisory_key(
     .await;
     delivery
 }
+
+/// With the gate off a plugin can end the host's transaction itself: `ROLLBACK` (taking the
+/// claim with it), then write. Its next statement would run in a transaction of its own and
+/// commit at once, without a marker, and the host's COMMIT would only warn. The host reads the
+/// transaction status the server reports after every statement: the statement that ended the
+/// transaction fails the attempt and closes the session, so nothing after it runs. Found by
+/// review: before, the delivery was acked with its effect and no marker.
+#[tokio::test]
+async fn a_plugin_that_ends_the_transaction_commits_nothing_after_it() {
+    let (env, plugin, c) = ungated("group_ended").await;
+    for (id, end) in [("rolls-back", "ROLLBACK"), ("commits", "COMMIT")] {
+        let steps = serde_json::json!({"steps": [
+            {"execute": end},
+            {"execute": "UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}
+        ]})
+        .to_string();
+        let p = c.process(plugin.as_ref(), &message(id, &steps)).await;
+        assert!(
+            matches!(p.outcome, Outcome::RetryableFailure(_)),
+            "{id}: {p:?}"
+        );
+    }
+    assert_eq!(env.reserved("sku-1").await, 0, "no write after the end");
+    env.cleanup().await;
+}
+
+/// With the gate off, in a group run again behind savepoints (after a delivery failed on its
+/// own), a plugin that knew the host's savepoint name could release its own and roll back to
+/// the one before, taking its claim and keeping its later write. The name is drawn per
+/// transaction now: the old one names no savepoint, the statement fails, and only that
+/// delivery fails.
+#[tokio::test]
+async fn a_plugin_cannot_roll_back_past_its_own_savepoint() {
+    let (env, plugin, c) = ungated("group_savepoint").await;
+    let write = |n: i64| {
+        serde_json::json!({"steps": [{"execute": format!(
+            "UPDATE inventory SET reserved = reserved + {n} WHERE sku = 'sku-1'"
+        )}]})
+        .to_string()
+    };
+    let fail = r#"{"steps":[{"fail":"terminal","reason":"runs the group again with savepoints"}]}"#;
+    let escape = serde_json::json!({"steps": [
+        {"execute": "RELEASE SAVEPOINT idemhost_message"},
+        {"execute": "ROLLBACK TO SAVEPOINT idemhost_message"},
+        {"execute": "UPDATE inventory SET reserved = reserved + 100 WHERE sku = 'sku-1'"}
+    ]})
+    .to_string();
+    let results = c
+        .process_batch(
+            plugin.as_ref(),
+            &[
+                message("writes-1", &write(1)),
+                message("fails", fail),
+                message("escapes", &escape),
+            ],
+        )
+        .await;
+    assert_eq!(results[0].outcome, Outcome::Applied, "{results:?}");
+    assert!(
+        !matches!(results[2].outcome, Outcome::Applied),
+        "{results:?}"
+    );
+    assert_eq!(env.reserved("sku-1").await, 1, "{results:?}");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'writes-1'")
+            .await,
+        1
+    );
+    env.cleanup().await;
+}

@@ -632,7 +632,8 @@ async fn the_host_functions_ignore_a_callers_search_path() {
     assert!(claimed);
     assert_eq!(group, ["g1", "g2"]);
     assert_eq!(
-        env.scalar(&format!("SELECT count(*) FROM {shadow}.loot")).await,
+        env.scalar(&format!("SELECT count(*) FROM {shadow}.loot"))
+            .await,
         0,
         "the outbox's trigger ran a look-alike pg_notify as the host's role"
     );

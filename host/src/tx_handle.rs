@@ -158,10 +158,11 @@ impl TxHandle {
     {
         let tx = state.usable()?;
         let Some(deadline) = &self.deadline else {
-            return work(tx).await.map_err(|e| state.poison_with(&e));
+            let result = work(tx).await;
+            return self.still_open(state, result);
         };
         match tokio::time::timeout_at(deadline.at, work(tx)).await {
-            Ok(result) => result.map_err(|e| state.poison_with(&e)),
+            Ok(result) => self.still_open(state, result),
             Err(_) => {
                 let reason = "the attempt's deadline passed while the plugin waited on the \
                               database; its statement was stopped on the server"
@@ -335,6 +336,26 @@ impl TxHandle {
         if let Some(deadline) = &self.deadline {
             stop_backend(deadline.clone());
         }
+    }
+
+    /// `result` of a statement, unless the statement ended the delivery's transaction (only the
+    /// host commits or rolls back; the gate refuses transaction control, so only with the gate
+    /// off): then the attempt fails and the connection is closed at once, before a later
+    /// statement could run — and commit — in a transaction of its own, without the claim. The
+    /// server's ReadyForQuery tells the transaction status after every statement.
+    fn still_open<T>(
+        &self,
+        state: &mut TxState,
+        result: Result<T, sqlx::Error>,
+    ) -> Result<T, TxError> {
+        if state.tx.as_ref().is_some_and(|tx| tx.transaction_idle()) {
+            let reason = "a statement ended the delivery's transaction (only the host commits or \
+                          rolls back); the session was closed";
+            state.poison_refused(reason);
+            self.abandon(state);
+            return Err(TxError::Refused(reason.into()));
+        }
+        result.map_err(|e| state.poison_with(&e))
     }
 
     /// Takes the transaction back for commit or rollback, with the first error a handler saw.

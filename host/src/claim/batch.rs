@@ -206,6 +206,11 @@ impl Claimer {
         // The first pass's claim (a wait on a competing claim shows there) counts for every
         // message: it is part of what claiming it took.
         let first_claim = failed.1.timing.claim;
+        // Named for this transaction only: a plugin that knew the name could release its own
+        // part's savepoint and roll back to an earlier one, taking its claim with it and
+        // leaving its later writes (possible only with the SQL gate off, which refuses
+        // savepoint statements).
+        let savepoint_name = format!("idemhost_{:016x}", rand::random::<u64>());
         let mut failed = Some(failed);
         let mut parts = Vec::with_capacity(msgs.len());
         let mut handled = false;
@@ -220,7 +225,9 @@ impl Claimer {
                 rollback(tx, &wall).await;
                 return Err(f);
             }
-            let (back, mut part) = self.batch_part(tx, &wall, handler, msg).await?;
+            let (back, mut part) = self
+                .batch_part(tx, &wall, handler, msg, &savepoint_name)
+                .await?;
             handled |= part.timing.handler.is_some();
             part.timing.claim += first_claim;
             tx = back;
@@ -235,7 +242,7 @@ impl Claimer {
 
     /// One message's part: SAVEPOINT, claim, handler; ROLLBACK TO on a failure of this message
     /// alone. Savepoints are not released (each RELEASE would be one more round trip per
-    /// message); the next message's savepoint of the same name shadows this one. `Err`
+    /// message); the next message's savepoint of the same `name` shadows this one. `Err`
     /// abandons the whole batch.
     async fn batch_part(
         &self,
@@ -243,9 +250,10 @@ impl Claimer {
         wall: &Arc<Wall>,
         handler: &dyn Handler,
         msg: &Message,
+        name: &str,
     ) -> Result<(Tx, Part), AttemptFailure> {
         let mut timing = Timing::default();
-        savepoint(&mut tx, "SAVEPOINT idemhost_message").await?;
+        savepoint(&mut tx, &format!("SAVEPOINT {name}")).await?;
         let failure = match self.claim(&mut tx, wall, handler, msg, &mut timing).await {
             Err(e) => in_group(AttemptFailure::db("failed to claim marker", &e)),
             Ok((false, _)) => return Ok((tx, Part::done(Outcome::Duplicate, timing))),
@@ -264,7 +272,7 @@ impl Claimer {
         if failure.kind == FailureKind::RetryTransaction {
             return Err(failure);
         }
-        savepoint(&mut tx, "ROLLBACK TO SAVEPOINT idemhost_message").await?;
+        savepoint(&mut tx, &format!("ROLLBACK TO SAVEPOINT {name}")).await?;
         Ok((tx, Part::failed(failure, timing)))
     }
 }
@@ -310,8 +318,9 @@ async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
 }
 
 /// Runs a savepoint statement; its failure abandons the batch.
-async fn savepoint(tx: &mut Tx, sql: &'static str) -> Result<(), AttemptFailure> {
-    sqlx::query(sql)
+async fn savepoint(tx: &mut Tx, sql: &str) -> Result<(), AttemptFailure> {
+    // The simple protocol: the name differs per transaction, nothing to keep prepared.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
         .execute(&mut **tx)
         .await
         .map(|_| ())

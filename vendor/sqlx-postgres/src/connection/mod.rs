@@ -140,6 +140,12 @@ impl PgConnection {
         Ok(())
     }
 
+    /// idemhost: whether the server said, in its last ReadyForQuery, that no transaction is
+    /// open on this session (`I`): a statement sent now would run in a transaction of its own.
+    pub fn transaction_idle(&self) -> bool {
+        matches!(self.inner.transaction_status, TransactionStatus::Idle)
+    }
+
     pub(crate) fn in_transaction(&self) -> bool {
         match self.inner.transaction_status {
             TransactionStatus::Transaction => true,
