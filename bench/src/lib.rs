@@ -278,6 +278,10 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
             let before = servers.cpu();
             match peers::pgbench(&db_url, c, o.pgbench_seconds).await {
                 Ok((tps, transactions)) => {
+                    // pgbench's backends end with it: their CPU reaches the postmaster's
+                    // account only once it has reaped them (read earlier, a run at one client
+                    // showed 1 µs per transaction).
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                     let (pg_us, _) = servers.cpu().per(&before, transactions as f64);
                     println!(
                         "pgbench c={c:<3} {tps:>8.0} tps (seed transaction)  cpu µs/tx: postgres {:>4}",
