@@ -225,23 +225,39 @@ async fn hold_advisory_key(
 /// commit at once, without a marker, and the host's COMMIT would only warn. The host reads the
 /// transaction status the server reports after every statement: the statement that ended the
 /// transaction fails the attempt and closes the session, so nothing after it runs. Found by
-/// review: before, the delivery was acked with its effect and no marker.
+/// review: before, the delivery was acked with its effect and no marker. `ROLLBACK AND CHAIN`
+/// leaves a transaction open (a new one): the commit checks the claim's transaction id.
 #[tokio::test]
 async fn a_plugin_that_ends_the_transaction_commits_nothing_after_it() {
     let (env, plugin, c) = ungated("group_ended").await;
-    for (id, end) in [("rolls-back", "ROLLBACK"), ("commits", "COMMIT")] {
+    for (id, end) in [
+        ("rolls-back", "ROLLBACK"),
+        ("commits", "COMMIT"),
+        ("rolls-back-and-chains", "ROLLBACK AND CHAIN"),
+    ] {
         let steps = serde_json::json!({"steps": [
             {"execute": end},
             {"execute": "UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}
         ]})
         .to_string();
         let p = c.process(plugin.as_ref(), &message(id, &steps)).await;
-        assert!(
-            matches!(p.outcome, Outcome::RetryableFailure(_)),
-            "{id}: {p:?}"
-        );
+        // Ended: refused at once (the session reports no transaction). Ended and another
+        // begun: the commit finds another transaction than the claim's and fails.
+        let failed = match end {
+            "ROLLBACK AND CHAIN" => matches!(&p.outcome, Outcome::TerminalFailure(r)
+                if r.contains("not the one the delivery claimed in")),
+            _ => matches!(p.outcome, Outcome::RetryableFailure(_)),
+        };
+        assert!(failed, "{id}: {p:?}");
     }
     assert_eq!(env.reserved("sku-1").await, 0, "no write after the end");
+    // The plugin's own COMMIT committed its claim (and nothing after it): a redelivery is a
+    // duplicate. The rolled-back claims are gone.
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'commits'")
+            .await,
+        env.markers(CONSUMER).await
+    );
     env.cleanup().await;
 }
 

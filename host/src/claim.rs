@@ -439,15 +439,19 @@ impl Claimer {
         timing: &mut Timing,
     ) -> Result<(bool, i32), sqlx::Error> {
         let started = Instant::now();
-        let claimed = sqlx::query_as::<_, (bool, i32)>(sqlx::AssertSqlSafe(wall.claim_sql.clone()))
-            .bind(&wall.key)
-            .bind(&self.settings.consumer_name)
-            .bind(&msg.id)
-            .bind(handler.digest())
-            .fetch_one(&mut **tx)
-            .await;
+        let claimed = sqlx::query_as::<_, (bool, i32, Option<String>)>(sqlx::AssertSqlSafe(
+            wall.claim_sql.clone(),
+        ))
+        .bind(&wall.key)
+        .bind(&self.settings.consumer_name)
+        .bind(&msg.id)
+        .bind(handler.digest())
+        .fetch_one(&mut **tx)
+        .await;
         timing.claim = started.elapsed();
-        claimed
+        let (claimed, pid, xid) = claimed?;
+        tx.claimed_in(xid);
+        Ok((claimed, pid))
     }
 
     /// Claims all of `ids` in one statement (see [`CLAIM_SQL`]); the ids this transaction now
@@ -467,9 +471,13 @@ impl Claimer {
                 .bind(handler.digest())
                 .fetch_all(&mut **tx)
                 .await?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_catalog.pg_backend_pid()")
-            .fetch_one(&mut **tx)
-            .await?;
+        let (pid, xid): (i32, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT pg_catalog.pg_backend_pid(), {}",
+            crate::pg::CURRENT_XID
+        )))
+        .fetch_one(&mut **tx)
+        .await?;
+        tx.claimed_in(xid);
         Ok((claimed.into_iter().flatten().collect(), pid))
     }
 

@@ -153,6 +153,7 @@ impl Connections {
                 since,
                 session_failed: false,
                 backend: None,
+                claimed_in: None,
             };
             match sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
                 .fetch_all(&mut *tx)
@@ -233,6 +234,10 @@ pub(crate) fn last_flag(rows: &[PgRow]) -> bool {
         .unwrap_or(false)
 }
 
+/// The transaction's id as text, or NULL while it has none (a claim that inserted nothing):
+/// read with the claim, checked again at the commit ([`Tx::claimed_in`]).
+pub(crate) const CURRENT_XID: &str = "pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text";
+
 /// An open transaction. Statements run on it through `&mut *tx` (a [`PgConnection`]).
 pub struct Tx {
     /// `None` once the transaction ended.
@@ -244,6 +249,8 @@ pub struct Tx {
     session_failed: bool,
     /// How to end the session's backend from outside, once known (see [`Tx::stoppable`]).
     backend: Option<Backend>,
+    /// The transaction id the claim ran in (`Some(None)`: none assigned yet), once claimed.
+    claimed_in: Option<Option<String>>,
 }
 
 /// How long a rollback, with the session reset after it, may take before the connection is
@@ -293,10 +300,41 @@ impl Tx {
         self.session_failed |= session_failed(error);
     }
 
+    /// Records the transaction id the claim ran in ([`CURRENT_XID`]): the commit then first
+    /// checks that it is still the same transaction.
+    pub(crate) fn claimed_in(&mut self, xid: Option<String>) {
+        self.claimed_in = Some(xid);
+    }
+
     /// Commits with `statement`: `COMMIT`, possibly after the session's clearing and the
-    /// settings the commit depends on (see [`super::Wall`]), in one round trip.
+    /// settings the commit depends on (see [`super::Wall`]), in one round trip. After a
+    /// claim, the round trip first fails (22P02, a message naming the cause) unless the
+    /// transaction is still the one the claim ran in: a statement that ended it and began
+    /// another (`ROLLBACK AND CHAIN`, possible only with the SQL gate off) would otherwise
+    /// have the host commit writes without their claim.
     pub async fn commit_with(self, statement: &str) -> Result<(), sqlx::Error> {
-        self.end(statement).await
+        match &self.claimed_in {
+            Some(xid) => {
+                let xid = xid.as_deref().unwrap_or("");
+                // The id is the server's own digits; anything else would be a server bug.
+                if !xid.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "unexpected transaction id {xid:?}"
+                    )));
+                }
+                // The failing cast names the cause; `pg_backend_pid()` keeps the planner from
+                // evaluating it before the condition.
+                let check = format!(
+                    "SELECT CASE WHEN COALESCE({CURRENT_XID}, '') OPERATOR(pg_catalog.=) '{xid}' \
+                     THEN 0 ELSE ('idemhost: the transaction is not the one the delivery \
+                     claimed in (a statement ended it), backend ' OPERATOR(pg_catalog.||) \
+                     pg_catalog.pg_backend_pid()::pg_catalog.text)::pg_catalog.int4 END"
+                );
+                let statement = format!("{check}; {statement}");
+                self.end(&statement).await
+            }
+            None => self.end(statement).await,
+        }
     }
 
     /// Rolls back with `statement` (`ROLLBACK`, then possibly a session reset).

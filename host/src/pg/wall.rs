@@ -202,7 +202,8 @@ impl Wall {
         Ok(Wall {
             key,
             claim_sql: format!(
-                "SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_catalog.pg_backend_pid()"
+                "SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_catalog.pg_backend_pid(), {}",
+                super::CURRENT_XID
             ),
             claim_all_sql: format!("SELECT {s}.idemhost_claim_all($1, $2, $3, $4)"),
             outbox_sql: format!("SELECT {s}.idemhost_outbox_insert($1, $2, $3, $4, $5, $6, $7)"),
