@@ -153,6 +153,18 @@ async fn a_connection_to_a_standby_is_not_kept() {
     conns.pool().close().await;
 }
 
+/// The wall of `env`'s schema, as a READ COMMITTED consumer with a 5 s statement timeout sees it.
+async fn wall(env: &TestEnv) -> Wall {
+    Wall::load(
+        &env.pool,
+        idemhost::Isolation::ReadCommitted,
+        Duration::from_secs(5),
+        None,
+    )
+    .await
+    .unwrap()
+}
+
 /// A transaction that writes, then fails a statement, and is ended with the wall's commit: the
 /// commit fails with 25P02 (in failed transaction), and nothing of it commits.
 async fn aborted_commit_fails(conns: &std::sync::Arc<Connections>, wall: &Wall, what: &str) {
@@ -176,14 +188,7 @@ async fn aborted_commit_fails(conns: &std::sync::Arc<Connections>, wall: &Wall, 
 async fn a_commit_of_an_aborted_transaction_fails() {
     let env = TestEnv::new("kept_commit").await;
     env.execute("CREATE TABLE effects (id int)").await;
-    let wall = Wall::load(
-        &env.pool,
-        idemhost::Isolation::ReadCommitted,
-        Duration::from_secs(5),
-        None,
-    )
-    .await
-    .unwrap();
+    let wall = wall(&env).await;
     let conns = Connections::new(env.pool.clone(), 1);
 
     // What a bare COMMIT does: no error, nothing committed.
@@ -283,14 +288,7 @@ async fn both_forms_of_the_clearing_clear_the_session() {
             env.execute("DROP FUNCTION idemhost_session_clear(text[], text[], boolean)")
                 .await;
         }
-        let wall = Wall::load(
-            &env.pool,
-            idemhost::Isolation::ReadCommitted,
-            Duration::from_secs(5),
-            None,
-        )
-        .await
-        .unwrap();
+        let wall = wall(&env).await;
         assert_eq!(
             wall.commit_sql().contains("idemhost_session_clear"),
             form == "function",

@@ -88,6 +88,7 @@ impl Host {
         let served = serve(
             &config,
             &native,
+            total_in_flight,
             options,
             shutdown,
             (&pool, &failover),
@@ -118,6 +119,7 @@ const CLOSE_POOLS_WITHIN: Duration = Duration::from_secs(10);
 async fn serve(
     config: &Config,
     native: &HashMap<String, Arc<dyn Handler>>,
+    total_in_flight: u32,
     options: RunOptions,
     shutdown: impl Future<Output = ()>,
     (pool, failover): (&PgPool, &Arc<pg::Failover>),
@@ -126,7 +128,6 @@ async fn serve(
     if options.migrate {
         pg::migrate(pool, config.postgres.schema.as_deref()).await?;
     }
-    let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
     let runtime = plugin_runtime(config, native, total_in_flight)?;
     let nats_url = pg::redact_urls(&config.nats.url);
     let (client, js) = source::connect_nats(&config.nats).await?;
@@ -138,11 +139,11 @@ async fn serve(
         _ => None,
     };
 
-    let (registry, watched) = load(&config, &native, runtime, store.as_ref()).await?;
+    let (registry, watched) = load(config, native, runtime, store.as_ref()).await?;
     let registry = Arc::new(registry);
     readiness.set_registry(registry.clone());
     metrics.set_plugins(Box::new(registry::PluginCollector(registry.clone())));
-    let runtimes = bind(&config, &native, &pool, &failover, &registry, &js, &metrics).await?;
+    let runtimes = bind(config, native, pool, failover, &registry, &js, metrics).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut background = Vec::new();

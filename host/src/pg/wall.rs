@@ -103,6 +103,41 @@ fn set_local(settings: &[(&str, String)]) -> String {
         .join("; ")
 }
 
+/// The session's clearing ([`SESSION_CLEAR`]) followed by `settings` set for the rest of the
+/// transaction: one call of `schema.idemhost_session_clear` when the schema has it
+/// (`function`), else the statements. Its row is true when prepared statements are left or,
+/// with `read_only`, the transaction was made read-only.
+fn clear_sql(schema: &str, function: bool, settings: &[(&str, String)], read_only: bool) -> String {
+    if function {
+        let array = |values: Vec<String>| {
+            if values.is_empty() {
+                "NULL".to_string()
+            } else {
+                format!("ARRAY[{}]", values.join(", "))
+            }
+        };
+        let names = array(settings.iter().map(|(n, _)| format!("'{n}'")).collect());
+        let values = array(settings.iter().map(|(_, v)| format!("'{v}'")).collect());
+        return format!("SELECT {schema}.idemhost_session_clear({names}, {values}, {read_only})");
+    }
+    let set: Vec<String> = std::iter::once("pg_catalog.pg_advisory_unlock_all()".into())
+        .chain(
+            settings
+                .iter()
+                .map(|(name, value)| format!("pg_catalog.set_config('{name}', '{value}', true)")),
+        )
+        .collect();
+    let read_only = if read_only {
+        " OR pg_catalog.current_setting('transaction_read_only')::bool"
+    } else {
+        ""
+    };
+    format!(
+        "{SESSION_CLEAR}; SELECT {PREPARED_LEFT}{read_only} FROM (SELECT {}) AS host",
+        set.join(", ")
+    )
+}
+
 /// `name` as a quoted identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -143,39 +178,13 @@ impl Wall {
         // The host's settings of a delivery's transaction, as (name, value); a group's adds its
         // lock timeout. `synchronous_commit` is one of a fixed set of words; quoted all the same.
         let durability = ("synchronous_commit", synchronous_commit.replace('\'', "''"));
+        let clear = |settings: &[(&str, String)], read_only: bool| {
+            clear_sql(&s, clear_function, settings, read_only)
+        };
         // The clearing, then the durability the operator configured (`set_config(..., true)` is
         // `SET LOCAL`; `RESET ALL` undid the one of the BEGIN), then COMMIT. An aborted
         // transaction refuses the first statement (25P02), so such a commit fails instead of
         // answering ROLLBACK.
-        let clear = |settings: &[(&str, String)], read_only: bool| {
-            if clear_function {
-                let array = |values: Vec<String>| match values.is_empty() {
-                    true => "NULL".to_string(),
-                    false => format!("ARRAY[{}]", values.join(", ")),
-                };
-                format!(
-                    "SELECT {s}.idemhost_session_clear({}, {}, {read_only})",
-                    array(settings.iter().map(|(n, _)| format!("'{n}'")).collect()),
-                    array(settings.iter().map(|(_, v)| format!("'{v}'")).collect()),
-                )
-            } else {
-                let set: Vec<String> =
-                    std::iter::once("pg_catalog.pg_advisory_unlock_all()".into())
-                        .chain(settings.iter().map(|(name, value)| {
-                            format!("pg_catalog.set_config('{name}', '{value}', true)")
-                        }))
-                        .collect();
-                format!(
-                    "{SESSION_CLEAR}; SELECT {PREPARED_LEFT}{} FROM (SELECT {}) AS host",
-                    if read_only {
-                        " OR pg_catalog.current_setting('transaction_read_only')::bool"
-                    } else {
-                        ""
-                    },
-                    set.join(", ")
-                )
-            }
-        };
         let commit_sql = format!(
             "{}; COMMIT",
             clear(std::slice::from_ref(&durability), false)
