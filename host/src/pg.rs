@@ -62,7 +62,7 @@ pub(crate) fn lock_not_available(error: &sqlx::Error) -> bool {
 
 /// Renders a database error for logs and plugins: `SQLSTATE: message` for server errors. The
 /// message quotes whatever a plugin's statement made the server quote (a 20 MB value in an
-/// `invalid input syntax` error): it is escaped and cut to [`crate::text::MAX_REASON_BYTES`].
+/// `invalid input syntax` error): it is escaped and cut to 1 KiB (`text::MAX_REASON_BYTES`).
 pub fn describe(error: &sqlx::Error) -> String {
     match error {
         sqlx::Error::Database(db) => match db.code() {

@@ -1,6 +1,7 @@
 //! Shared test environment: each test gets its own PostgreSQL schema (with the host's and the
 //! example's migrations applied) and its own JetStream stream, so tests run in parallel against
-//! the machine's real PostgreSQL (127.0.0.1:5432) and NATS (127.0.0.1:4222).
+//! real servers: the ones scripts/test-servers.sh starts (their URLs in `IDEMHOST_TEST_PG_URL` /
+//! `IDEMHOST_TEST_NATS_URL`), else the machine's at 127.0.0.1:5432 and 127.0.0.1:4222.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -27,8 +28,8 @@ pub use nats::*;
 #[allow(unused_imports)]
 pub use servers::*;
 
-/// A test setting read once from the environment, else its default: the server matrix
-/// (`scripts/test.sh`) runs the core suites again against private newer servers by setting them.
+/// A test setting read once from the environment, else its default: scripts/test-servers.sh
+/// points the suite at its private servers, scripts/test-matrix.sh at the oldest supported.
 pub struct FromEnv {
     var: &'static str,
     default: &'static str,
@@ -74,6 +75,17 @@ pub static PG_URL: FromEnv = FromEnv::new(
 );
 /// The shared NATS with JetStream (`IDEMHOST_TEST_NATS_URL`).
 pub static NATS_URL: FromEnv = FromEnv::new("IDEMHOST_TEST_NATS_URL", "nats://127.0.0.1:4222");
+/// The shared PostgreSQL's URL logged in as `user` instead: as is for the URL's own user (its
+/// password kept), else without a password (the roles tests create have none; a private server
+/// trusts them over loopback, scripts/private-servers.sh).
+pub fn pg_url_as(user: &str) -> String {
+    let mut url = url::Url::parse(&PG_URL).expect("IDEMHOST_TEST_PG_URL is a URL");
+    if url.username() != user {
+        url.set_username(user).unwrap();
+        url.set_password(None).unwrap();
+    }
+    url.to_string()
+}
 /// PostgreSQL's programs for private instances (`IDEMHOST_TEST_PG_BIN`).
 pub static PG_BIN: FromEnv = FromEnv::new("IDEMHOST_TEST_PG_BIN", "/usr/lib/postgresql/15/bin");
 /// `nats-server` for private instances (`IDEMHOST_TEST_NATS_SERVER`).

@@ -5,7 +5,7 @@
 //! recurse once per tree level: `SELECT 1+1+…` of 16 KB overflowed the 2 MiB stack of the
 //! wasmtime fiber the plugin's call runs on and aborted the host. Here the parse, the tree's
 //! decoding and the gate's walk all run on [`PARSER_STACK`]-byte stacks, sized from the
-//! deepest shapes measured at the length bound (`tests/availability.rs` sweeps them); the
+//! deepest shapes measured at the length bound (`tests/system/availability.rs` sweeps them); the
 //! pages are only committed as deep a parse reaches.
 
 use std::sync::mpsc;

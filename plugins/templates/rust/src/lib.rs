@@ -6,7 +6,7 @@
 //! `NoteAdded` (`{"noteId": str, "text": str}`) records the note once. The host has already
 //! claimed the message's marker in the transaction it lends us (`tx`); every write goes through
 //! `tx`, so the note and the marker commit together or not at all. The `conformance.*` event
-//! types exist for the host's conformance suite (tests/conformance.rs); delete them in your
+//! types exist for the host's conformance suite (tests/system/conformance.rs); delete them in your
 //! own handler.
 
 wit_bindgen::generate!({ path: "../../../wit", world: "handler" });

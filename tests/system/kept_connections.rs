@@ -1,0 +1,339 @@
+//! The connections a consumer keeps between deliveries (`pg::Connections`): they age out like
+//! the pool's own, a failure about the session closes the connection instead of keeping it, and
+//! a COMMIT in a transaction an error aborted is a failed commit, never a silent rollback.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use idemhost::test_support::pg::{Connections, Wall};
+use sqlx::Row as _;
+use sqlx::postgres::PgPoolOptions;
+
+use crate::common::*;
+
+const BEGIN: &str = "BEGIN; SELECT pg_backend_pid()";
+
+async fn begin_pid(conns: &std::sync::Arc<Connections>) -> (idemhost::test_support::pg::Tx, i32) {
+    let (tx, rows) = conns.begin(BEGIN).await.unwrap();
+    let pid: i32 = rows.last().unwrap().try_get(0).unwrap();
+    (tx, pid)
+}
+
+/// A pool whose connections live `lifetime`; one connection kept.
+async fn kept(env: &TestEnv, lifetime: Option<Duration>) -> std::sync::Arc<Connections> {
+    let options =
+        idemhost::test_support::pg::connect_options(&PG_URL, Some(&env.schema), &env.schema)
+            .unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .max_lifetime(lifetime)
+        .connect_with(options)
+        .await
+        .unwrap();
+    Connections::new(pool, 1)
+}
+
+#[tokio::test]
+async fn a_kept_connection_ages_out_with_the_pools_max_lifetime() {
+    let env = TestEnv::new("kept_age").await;
+    let conns = kept(&env, Some(Duration::from_secs(1))).await;
+    let mut pids = HashSet::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(3500) {
+        let (tx, pid) = begin_pid(&conns).await;
+        pids.insert(pid);
+        tx.commit_with("COMMIT").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        pids.len() >= 3,
+        "a connection kept for 3.5 s with a 1 s max_lifetime: backends {pids:?}"
+    );
+    // Without a lifetime the same connection is kept (the ageing is the pool's, not churn).
+    let forever = kept(&env, None).await;
+    let mut pids = HashSet::new();
+    for _ in 0..20 {
+        let (tx, pid) = begin_pid(&forever).await;
+        pids.insert(pid);
+        tx.commit_with("COMMIT").await.unwrap();
+    }
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    env.cleanup().await;
+}
+
+/// A transaction that fails for a reason about the session (25006, 57P01, 55000) closes its
+/// connection; a failure about the statement keeps it; any refusal of the host's own `BEGIN`
+/// statements closes it.
+#[tokio::test]
+async fn a_failure_about_the_session_closes_the_kept_connection() {
+    let env = TestEnv::new("kept_session").await;
+    let conns = kept(&env, None).await;
+    let (tx, first) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+
+    // A statement's failure in the transaction: the connection stays.
+    let (mut tx, before) = begin_pid(&conns).await;
+    let err = sqlx::raw_sql("SELECT 1/0")
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    assert!(!idemhost::test_support::pg::session_failed(&err));
+    tx.note_failure(&err);
+    tx.rollback().await.unwrap();
+    assert_eq!(before, first);
+    let (tx, same) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    assert_eq!(same, first, "a statement's failure keeps the connection");
+
+    // A failure about the session, later in the transaction (the claim's path): closed.
+    for code in ["25006", "57P01", "55000"] {
+        let (mut tx, before) = begin_pid(&conns).await;
+        let err = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DO $$ BEGIN RAISE EXCEPTION 'session' USING ERRCODE = '{code}'; END $$"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+        assert!(idemhost::test_support::pg::session_failed(&err), "{code}");
+        tx.note_failure(&err);
+        tx.rollback().await.unwrap();
+        let (tx, after) = begin_pid(&conns).await;
+        tx.commit_with("COMMIT").await.unwrap();
+        assert_ne!(after, before, "after {code} the connection is not kept");
+    }
+
+    // The begin statements refused: closed.
+    let (tx, before) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    assert!(conns.begin("BEGIN; SELECT 1/0").await.is_err());
+    let (tx, after) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    assert_ne!(after, before, "a refused BEGIN closes the connection");
+    env.cleanup().await;
+}
+
+/// A real standby (a private primary and its streaming replica): `BEGIN ... READ WRITE` is
+/// refused (0A000, "during recovery"), and the kept connection that met it is closed, not
+/// offered to the next delivery.
+#[tokio::test]
+async fn a_connection_to_a_standby_is_not_kept() {
+    let primary = PrivatePostgres::start();
+    let standby = PrivatePostgres::standby_of(&primary);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&standby.url())
+        .await
+        .unwrap();
+    let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(in_recovery);
+    let conns = Connections::new(pool, 1);
+    let (tx, before) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    let err = conns
+        .begin("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE")
+        .await
+        .err()
+        .expect("a standby refuses READ WRITE");
+    assert_eq!(
+        err.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("0A000"),
+        "{err}"
+    );
+    let (tx, after) = begin_pid(&conns).await;
+    tx.commit_with("COMMIT").await.unwrap();
+    assert_ne!(
+        after, before,
+        "the connection that met the standby's refusal was closed"
+    );
+    conns.pool().close().await;
+}
+
+/// The wall of `env`'s schema, as a READ COMMITTED consumer with a 5 s statement timeout sees it.
+async fn wall(env: &TestEnv) -> Wall {
+    Wall::load(
+        &env.pool,
+        idemhost::Isolation::ReadCommitted,
+        Duration::from_secs(5),
+        None,
+    )
+    .await
+    .unwrap()
+}
+
+/// A transaction that writes, then fails a statement, and is ended with the wall's commit: the
+/// commit fails with 25P02 (in failed transaction), and nothing of it commits.
+async fn aborted_commit_fails(conns: &std::sync::Arc<Connections>, wall: &Wall, what: &str) {
+    let (mut tx, _) = conns.begin(wall.begin_sql()).await.unwrap();
+    sqlx::raw_sql("INSERT INTO effects VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(sqlx::raw_sql("SELECT 1/0").execute(&mut *tx).await.is_err());
+    let err = tx.commit_with(wall.commit_sql()).await.unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("25P02"),
+        "{what}: {err}"
+    );
+}
+
+/// PostgreSQL answers COMMIT in an aborted transaction with the tag ROLLBACK and no error. The
+/// host's commit statement must turn that into an error (no ack), and nothing may commit.
+#[tokio::test]
+async fn a_commit_of_an_aborted_transaction_fails() {
+    let env = TestEnv::new("kept_commit").await;
+    env.execute("CREATE TABLE effects (id int)").await;
+    let wall = wall(&env).await;
+    let conns = Connections::new(env.pool.clone(), 1);
+
+    // What a bare COMMIT does: no error, nothing committed.
+    let (mut tx, _) = conns.begin(wall.begin_sql()).await.unwrap();
+    sqlx::raw_sql("INSERT INTO effects VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(sqlx::raw_sql("SELECT 1/0").execute(&mut *tx).await.is_err());
+    assert!(
+        tx.commit_with("COMMIT").await.is_ok(),
+        "PostgreSQL's behaviour changed"
+    );
+
+    // The host's commit: an error.
+    aborted_commit_fails(&conns, &wall, "the host's commit").await;
+    assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 0);
+
+    // And a healthy transaction still commits through it.
+    let (mut tx, _) = conns.begin(wall.begin_sql()).await.unwrap();
+    sqlx::raw_sql("INSERT INTO effects VALUES (3)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit_with(wall.commit_sql()).await.unwrap();
+    assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 1);
+    env.cleanup().await;
+}
+
+/// The plugin role's sessions of the consumers a host ran (`pg_stat_activity`).
+async fn role_sessions(env: &TestEnv, role: &str) -> i64 {
+    env.scalar(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'"
+    ))
+    .await
+}
+
+/// A `Host::run` that returned has closed every connection it opened, its plugins' role pools
+/// included: an embedder runs hosts one after another in its own process (`idemhost bench`
+/// does), and each run used to leave its plugin role's pool open (90 idle sessions after nine
+/// runs, then `too many clients already`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_returned_leaves_no_session_open() {
+    let env = TestEnv::new("closes").await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let nats = NatsEnv::new("closes", Duration::from_millis(100)).await;
+    let consumer = "closes-v1";
+    let role = env.plugin_role(consumer);
+    for run in 0..3 {
+        let host = RunningHost::start(idemhost::Host::new(config(
+            &env,
+            &nats,
+            consumer,
+            "inventory",
+            "max_in_flight = 4\nbatch_max = 1",
+        )));
+        for i in 0..8 {
+            let id = format!("evt-{run}-{i}");
+            nats.publish(Some(&id), &order_payload(&id, "sku-1", 1))
+                .await;
+        }
+        wait_until(Duration::from_secs(30), "the run's deliveries", || async {
+            (env.markers(consumer).await == 8 * (run + 1)).then_some(())
+        })
+        .await;
+        assert!(
+            role_sessions(&env, &role).await > 0,
+            "the deliveries ran on the role's sessions"
+        );
+        host.stop().await;
+        // The pool's Terminate reaches the server before `run` returns; the backend may take a
+        // moment to leave pg_stat_activity.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut open = role_sessions(&env, &role).await;
+        while open > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            open = role_sessions(&env, &role).await;
+        }
+        assert_eq!(open, 0, "run {run}: the plugin role's sessions are closed");
+    }
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// The session's clearing as a delivery commits, in both its forms: the call of
+/// `idemhost_session_clear` (migration 0010) and, on a schema migrated before it (a host run
+/// with `--no-migrate`), the statements it replaced. Either way a setting, a temporary table, a
+/// held cursor, a LISTEN and a session advisory lock left by the delivery are gone after its
+/// COMMIT, the effect committed,
+/// and a commit of an aborted transaction fails.
+#[tokio::test]
+async fn both_forms_of_the_clearing_clear_the_session() {
+    let env = TestEnv::new("kept_clear").await;
+    env.execute("CREATE TABLE effects (id int)").await;
+    for form in ["function", "statements"] {
+        if form == "statements" {
+            env.execute("DROP FUNCTION idemhost_session_clear(text[], text[], boolean)")
+                .await;
+        }
+        let wall = wall(&env).await;
+        assert_eq!(
+            wall.commit_sql().contains("idemhost_session_clear"),
+            form == "function",
+            "{form}: {}",
+            wall.commit_sql()
+        );
+        let conns = Connections::new(env.pool.clone(), 1);
+        let (mut tx, _) = conns.begin(wall.begin_sql()).await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO effects VALUES (1);
+             SELECT set_config('work_mem', '1MB', false);
+             SELECT set_config('synchronous_commit', 'off', true);
+             CREATE TEMP TABLE leftover (a int);
+             DECLARE held CURSOR WITH HOLD FOR SELECT 1;
+             LISTEN leftover;
+             SELECT pg_advisory_lock(4243);",
+        )
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit_with(wall.commit_sql()).await.unwrap();
+        // The kept connection again: the same session.
+        let (mut tx, _) = conns.begin("BEGIN").await.unwrap();
+        let seen: (i32, String, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT pg_backend_pid(), current_setting('work_mem'), \
+             (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()), \
+             (SELECT count(*) FROM pg_cursors WHERE name = 'held'), \
+             (SELECT count(*) FROM pg_listening_channels()), \
+             (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(seen.0, pid, "{form}: the same session");
+        assert_ne!(seen.1, "1MB", "{form}: the setting is reset");
+        assert_eq!(
+            (seen.2, seen.3, seen.4, seen.5),
+            (0, 0, 0, 0),
+            "{form}: temporary table, cursor, LISTEN, advisory lock"
+        );
+        aborted_commit_fails(&conns, &wall, form).await;
+    }
+    assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 2);
+    env.cleanup().await;
+}

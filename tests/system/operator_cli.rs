@@ -1,0 +1,453 @@
+//! The operator's commands, run as the binary against a host consuming the real NATS and
+//! PostgreSQL: `check` proves marker and effect (and catches a marker without its effect),
+//! `markers prune` keeps the replay-horizon contract, `dlq replay` republishes under the
+//! original id so the marker decides.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// Runs `idemhost ARGS`; (exit code, stdout, stderr).
+fn idemhost(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Runs `idemhost COMMAND --config CONFIG --consumer CONSUMER EXTRA`.
+fn op(command: &[&str], config: &str, consumer: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = command.to_vec();
+    args.extend_from_slice(&["--config", config, "--consumer", consumer]);
+    args.extend_from_slice(extra);
+    idemhost(&args)
+}
+
+fn write_config(tag: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(tag));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("idemhost.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn insert_effect(table: &str, id: &str) -> String {
+    format!(
+        r#"{{"steps":[{{"execute":"INSERT INTO {table} (message_id) VALUES ($1)","params":["{id}"]}}]}}"#
+    )
+}
+
+fn digest_of_testkit() -> String {
+    let limits = idemhost::PluginLimits {
+        timeout: Duration::from_secs(5),
+        memory: 64 << 20,
+    };
+    runtime()
+        .load(&plugin_path("testkit"), limits)
+        .unwrap()
+        .digest()
+        .to_string()
+}
+
+/// `check` finds marker (with its plugin version) and effect; deleting the effect by hand
+/// makes it exit 2 with the invariant warning; an unknown id exits 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_proves_marker_and_effect() {
+    const NAME: &str = "check-v1";
+    let env = TestEnv::new("check").await;
+    let nats = NatsEnv::new("check", Duration::from_secs(60)).await;
+    env.execute("CREATE TABLE ops_effect (message_id text NOT NULL)")
+        .await;
+    let text = config_text(
+        &env,
+        &nats,
+        NAME,
+        "testkit",
+        "effect_query = \"SELECT message_id FROM ops_effect WHERE message_id = $1\"",
+    );
+    let path = write_config("check", &text);
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    nats.publish(Some("c-1"), &insert_effect("ops_effect", "c-1"))
+        .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    let config = path.to_str().unwrap();
+
+    let (code, out, err) = op(&["check"], config, NAME, &["--message-id", "c-1"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("marker:     yes"), "{out}");
+    assert!(
+        out.contains(&digest_of_testkit()),
+        "the plugin version: {out}"
+    );
+    assert!(out.contains("effect:     1 row(s)"), "{out}");
+
+    let (code, out, _) = op(&["check"], config, NAME, &["--message-id", "c-1", "--json"]);
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["verdict"], "applied");
+    assert_eq!(report["effect"]["sample"][0]["message_id"], "c-1");
+
+    // A hand edit removes the effect but not the marker.
+    env.execute("DELETE FROM ops_effect WHERE message_id = 'c-1'")
+        .await;
+    let (code, out, err) = op(&["check"], config, NAME, &["--message-id", "c-1"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("INVARIANT VIOLATED"), "{err}");
+    assert!(out.contains("effect:     0 row(s)"), "{out}");
+
+    let (code, out, err) = op(&["check"], config, NAME, &["--message-id", "never-sent"]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("marker:     none"), "{out}");
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+async fn markers_older_than(env: &TestEnv, consumer: &str, age: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM processed_message WHERE consumer_name = $1 \
+         AND processed_at < now() - $2::interval",
+    )
+    .bind(consumer)
+    .bind(age)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap()
+}
+
+fn prune(config: &Path, consumer: &str, extra: &[&str]) -> (i32, String, String) {
+    op(
+        &["markers", "prune"],
+        config.to_str().unwrap(),
+        consumer,
+        extra,
+    )
+}
+
+/// `markers prune` refuses inside the replay horizon, while the stream or the dead letters
+/// still hold an older message, and inside the stream's max_age; outside all of them it
+/// deletes in bounded batches (plugin-version rows go with their markers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_keeps_the_replay_horizon() {
+    const NAME: &str = "prune-v1";
+    let env = TestEnv::new("prune").await;
+    let nats = NatsEnv::new("prune", Duration::from_secs(60)).await;
+    let text = config_text(&env, &nats, NAME, "testkit", "max_deliver = 1");
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    nats.publish(Some("p-1"), r#"{"steps":[]}"#).await;
+    nats.publish(Some("p-2"), r#"{"steps":[{"fail":"terminal"}]}"#)
+        .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    host.stop().await;
+    // 50 markers from 100 days ago, whose messages have long left the stream; two of them
+    // with a plugin-version row.
+    sqlx::query(
+        "INSERT INTO processed_message (consumer_name, message_id, processed_at) \
+         SELECT $1, 'old-' || i, now() - interval '100 days' FROM generate_series(1, 50) i",
+    )
+    .bind(NAME)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO processed_message_handler (consumer_name, message_id, plugin_digest) \
+         VALUES ($1, 'old-1', 'sha256:x'), ($1, 'old-2', 'sha256:x')",
+    )
+    .bind(NAME)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let config = write_config("prune", &text);
+
+    // Inside the default 30-day replay horizon.
+    let (code, _, err) = prune(&config, NAME, &["--older-than", "7d"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("replay_horizon is 30days"), "{err}");
+    assert_eq!(env.markers(NAME).await, 51);
+
+    let (code, out, err) = prune(&config, NAME, &["--older-than", "90d", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("would delete 50 markers"), "{out}");
+    assert_eq!(env.markers(NAME).await, 51);
+
+    let (code, out, err) = prune(&config, NAME, &["--older-than", "90d", "--batch", "7"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("deleted 50 markers") && out.contains("in 8 batch(es)"),
+        "{out}"
+    );
+    assert_eq!(env.markers(NAME).await, 1, "the recent marker stays");
+    assert_eq!(markers_older_than(&env, NAME, "1 day").await, 0);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message_handler WHERE message_id LIKE 'old-%'")
+            .await,
+        0
+    );
+
+    // A consumer whose horizon allows pruning after seconds: now the messages themselves, still
+    // in the stream and in the dead letters, are what protects their markers.
+    let short = config_text(&env, &nats, NAME, "testkit", "replay_horizon = \"1s\"");
+    let config = write_config("prune", &short);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, _, err) = prune(&config, NAME, &["--older-than", "2s"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("stream {} still holds a message", nats.stream)),
+        "{err}"
+    );
+
+    let stream = nats.js.get_stream(&nats.stream).await.unwrap();
+    stream.purge().filter(nats.subject()).await.unwrap();
+    let (code, _, err) = prune(&config, NAME, &["--older-than", "2s"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("dead letters on {}", nats.dlq())),
+        "{err}"
+    );
+
+    stream.purge().filter(nats.dlq()).await.unwrap();
+    let mut stream_config = stream.cached_info().config.clone();
+    stream_config.max_age = Duration::from_secs(3600);
+    nats.js.update_stream(stream_config).await.unwrap();
+    let (code, _, err) = prune(&config, NAME, &["--older-than", "2s"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("keeps messages for 1h (max_age)"), "{err}");
+
+    let (code, out, err) = prune(&config, NAME, &["--older-than", "2h"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("deleted 0 markers"), "{out}");
+    let mut stream_config = stream.cached_info().config.clone();
+    stream_config.max_age = Duration::ZERO;
+    nats.js.update_stream(stream_config).await.unwrap();
+    let (code, out, err) = prune(&config, NAME, &["--older-than", "2s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("deleted 1 markers"), "{out}");
+    assert_eq!(env.markers(NAME).await, 0);
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// Publishes a dead letter by hand, as the host writes it, for a message of `consumer`.
+async fn hand_dead_letter(nats: &NatsEnv, consumer: &str, id: &str, payload: &str, tag: &str) {
+    let mut h = async_nats::HeaderMap::new();
+    h.insert("Nats-Msg-Id", format!("{consumer}/{id}/{tag}").as_str());
+    h.insert("Idemhost-Message-Id", id);
+    h.insert("Idemhost-Consumer", consumer);
+    h.insert("Idemhost-Original-Subject", nats.subject().as_str());
+    h.insert("Idemhost-Failure-Reason", "made by hand");
+    h.insert("Idemhost-Delivery-Attempt", "1");
+    h.insert("Idemhost-Event-Type", "OrderPlaced");
+    nats.js
+        .publish_with_headers(nats.dlq(), h, payload.to_string().into_bytes().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// A message dead-lettered because its table was missing applies once when replayed after
+/// the fix, under its original id; a replayed message that had applied is a duplicate; a repair
+/// replay applies again under a new, audited id — once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_keeps_the_original_id() {
+    const NAME: &str = "replay-v1";
+    let env = TestEnv::new("replay").await;
+    let nats = NatsEnv::new("replay", Duration::from_secs(60)).await;
+    env.execute("CREATE TABLE ops_effect (message_id text NOT NULL)")
+        .await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    let text = config_text(&env, &nats, NAME, "testkit", "max_deliver = 1")
+        + &format!("\n[admin]\nlisten = \"{admin}\"\n");
+    let config = write_config("replay", &text);
+    let config = config.to_str().unwrap();
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    let late = insert_effect("ops_late", "m-1");
+    nats.publish(Some("m-1"), &late).await;
+    nats.publish(Some("m-2"), &insert_effect("ops_effect", "m-2"))
+        .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+
+    let (code, out, err) = op(&["dlq", "list"], config, NAME, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 dead letter(s)"), "{out}");
+    let line = out.lines().find(|l| l.contains("m-1")).unwrap_or_default();
+    assert!(line.contains("ops_late"), "the reason: {out}");
+
+    // The fix: the missing table, granted to the plugin's role. The replay applies m-1 once, under its own id.
+    env.execute(&format!(
+        "CREATE TABLE ops_late (message_id text NOT NULL); GRANT INSERT ON ops_late TO {}",
+        env.plugin_role(NAME)
+    ))
+    .await;
+    let (code, out, err) = op(&["dlq", "replay"], config, NAME, &["--message-id", "m-1"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("as m-1 to"), "{out}");
+    wait_until(Duration::from_secs(30), "m-1 to apply", || async {
+        (env.scalar("SELECT count(*) FROM ops_late WHERE message_id = 'm-1'")
+            .await
+            == 1)
+            .then_some(())
+    })
+    .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'm-1'")
+            .await,
+        1
+    );
+    let (_, out, _) = op(&["dlq", "list"], config, NAME, &[]);
+    assert!(
+        out.contains("0 dead letter(s)"),
+        "replayed letters leave the DLQ: {out}"
+    );
+
+    // A dead letter of a message that had applied: the replay is a duplicate.
+    hand_dead_letter(&nats, NAME, "m-2", &insert_effect("ops_effect", "m-2"), "a").await;
+    let (code, out, err) = op(&["dlq", "replay"], config, NAME, &["--all"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let metrics_url = format!("http://{admin}/metrics");
+    let duplicate = format!(
+        "idemhost_deliveries_total{{consumer=\"{NAME}\",event_type=\"OrderPlaced\",outcome=\"duplicate\"}} 1"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the replay to count as a duplicate",
+        || async {
+            let text = idemhost::ops::admin::get(&metrics_url, Duration::from_secs(5))
+                .await
+                .ok()?;
+            text.lines().any(|l| l == duplicate).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM ops_effect WHERE message_id = 'm-2'")
+            .await,
+        1
+    );
+
+    // Reprocessing on purpose: a new id, recorded before it is published, usable once.
+    hand_dead_letter(&nats, NAME, "m-2", &insert_effect("ops_effect", "m-2"), "b").await;
+    let repair = [
+        "--message-id",
+        "m-2",
+        "--repair-key",
+        "m-2-repair-1",
+        "--reason",
+        "effect lost in a restore",
+    ];
+    let (code, out, err) = op(&["dlq", "replay"], config, NAME, &repair);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_until(Duration::from_secs(30), "the repair to apply", || async {
+        (env.scalar("SELECT count(*) FROM ops_effect WHERE message_id = 'm-2'")
+            .await
+            == 2)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'm-2-repair-1'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM dead_letter_repair WHERE repair_key = 'm-2-repair-1' AND original_message_id = 'm-2' AND reason = 'effect lost in a restore'").await,
+        1
+    );
+    hand_dead_letter(&nats, NAME, "m-2", &insert_effect("ops_effect", "m-2"), "c").await;
+    let (code, _, err) = op(&["dlq", "replay"], config, NAME, &repair);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("repair key m-2-repair-1 was already used"),
+        "{err}"
+    );
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM ops_effect WHERE message_id = 'm-2'")
+            .await,
+        2
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// `--log-format json`: the delivery's line carries consumer, message id, event type, the
+/// trace id of its `traceparent`, attempt, outcome and durations — and never the payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_delivery_fields_not_the_payload() {
+    const NAME: &str = "logs-v1";
+    let env = TestEnv::new("logs").await;
+    let nats = NatsEnv::new("logs", Duration::from_secs(60)).await;
+    let text = config_text(&env, &nats, NAME, "testkit", "");
+    let config = write_config("logs", &text);
+    let child = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "logged-1");
+    headers.insert("Idemhost-Event-Type", "OrderPlaced");
+    headers.insert(
+        "traceparent",
+        format!("00-{trace_id}-b7ad6b7169203331-01").as_str(),
+    );
+    let payload = r#"{"steps":[],"secret":"do-not-log-me"}"#;
+    nats.js
+        .publish_with_headers(nats.subject(), headers, payload.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(60), "the message to apply", || async {
+        (env.markers(NAME).await == 1).then_some(())
+    })
+    .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("do-not-log-me"),
+        "the payload leaked: {stderr}"
+    );
+    let done: serde_json::Value = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["message"] == "delivery done")
+        .unwrap_or_else(|| panic!("no `delivery done` line: {stderr}"));
+    let span = &done["span"];
+    assert_eq!(span["name"], "idemhost.delivery", "{done}");
+    assert_eq!(span["consumer"], NAME, "{done}");
+    assert_eq!(span["message_id"], "logged-1", "{done}");
+    assert_eq!(span["event_type"], "OrderPlaced", "{done}");
+    assert_eq!(span["trace_id"], trace_id, "{done}");
+    assert_eq!(span["attempt"], 1, "{done}");
+    assert_eq!(span["outcome"], "applied", "{done}");
+    assert!(span["tx_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{done}");
+    assert!(
+        span["plugin"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:")),
+        "{done}"
+    );
+    nats.cleanup().await;
+    env.cleanup().await;
+}

@@ -1,0 +1,514 @@
+//! A plugin author's loop, through the binary: `idemhost plugin test` runs one message through
+//! a component as a delivery would and leaves nothing behind (checked by SQL; the broker is
+//! never contacted: the configs point NATS at a closed port); `idemhost plugin new` makes a
+//! project in each language that `idemhost plugin build` builds and `plugin test` applies.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::*;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemhost");
+
+/// A scratch directory for one test.
+fn scratch(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique(tag));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A config for consumer `name` running `plugin` on `env`'s schema; NATS at a port where
+/// nothing listens, so a command that touched the broker would fail.
+fn write_config(dir: &Path, env: &TestEnv, name: &str, plugin: &Path, extra: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let text = format!(
+        "[nats]\nurl = \"nats://127.0.0.1:1\"\n{}\n[[consumer]]\nname = \"{name}\"\nstream = \"UNUSED\"\n\
+         subjects = [\"demo.orders.placed\"]\nplugin = \"{}\"\n{extra}\n",
+        env.postgres_toml(),
+        plugin.display()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `idemhost plugin test FILE --config CONFIG --json ARGS…` with `payload` on stdin: the exit
+/// status and the report.
+fn plugin_test(file: &Path, config: &Path, payload: &str, args: &[&str]) -> (i32, Value) {
+    use std::io::Write as _;
+    let mut child = Command::new(BIN)
+        .args(["plugin", "test"])
+        .arg(file)
+        .arg("--config")
+        .arg(config)
+        .args(["--payload", "-", "--json"])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(payload.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap(), report)
+}
+
+async fn count(env: &TestEnv, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
+}
+
+/// Inventory untouched, no marker, no outbox row: what a rolled-back rehearsal leaves.
+async fn assert_untouched(env: &TestEnv, what: &str) {
+    let (available, reserved): (i64, i64) =
+        sqlx::query_as("SELECT available, reserved FROM inventory WHERE sku = 'sku-1'")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!((available, reserved), (10, 0), "{what}: inventory changed");
+    assert_eq!(
+        count(env, "SELECT count(*) FROM processed_message").await,
+        0,
+        "{what}: a marker was left"
+    );
+    assert_eq!(
+        count(env, "SELECT count(*) FROM outbox_message").await,
+        0,
+        "{what}: an outbox row was left"
+    );
+}
+
+#[tokio::test]
+async fn plugin_test_rehearses_each_outcome_of_the_inventory_plugins_and_leaves_nothing() {
+    let env = TestEnv::new("plugin_test").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let dir = scratch("plugin-test");
+    let order = order_payload("o-1", "sku-1", 2);
+    for plugin in ["inventory", "inventory-py", "inventory-js", "inventory-c"] {
+        let name = format!("{plugin}-v1");
+        let config = write_config(
+            &dir,
+            &env,
+            &name,
+            &plugin_path(plugin),
+            "tables = [\"inventory\"]",
+        );
+        let file = plugin_path(plugin);
+        let typed = ["--event-type", "OrderPlaced"];
+
+        // Applied: the plugin's UPDATE ran (one row) and was rolled back with the claim.
+        let (code, r) = plugin_test(
+            &file,
+            &config,
+            &order,
+            &[&typed[..], &["--id", "evt-a"]].concat(),
+        );
+        assert_eq!(
+            (code, r["outcome"].as_str()),
+            (0, Some("applied")),
+            "{plugin}: {r:#}"
+        );
+        assert_eq!(r["committed"], false, "{plugin}");
+        let statements = r["statements"].as_array().unwrap();
+        assert!(
+            statements
+                .iter()
+                .any(|s| s["sql"].as_str().unwrap().contains("UPDATE inventory")
+                    && s["rows_affected"] == 1
+                    && s["params"][0] == 2),
+            "{plugin}: {r:#}"
+        );
+        assert!(
+            r["timings_ms"]["instantiate"].as_f64().unwrap() > 0.0,
+            "{plugin}"
+        );
+        assert_untouched(&env, plugin).await;
+
+        // Duplicate: a committed marker for the id; the plugin is never called.
+        sqlx::query(
+            "INSERT INTO processed_message (consumer_name, message_id) VALUES ($1, 'evt-dup')",
+        )
+        .bind(&name)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+        let (code, r) = plugin_test(
+            &file,
+            &config,
+            &order,
+            &[&typed[..], &["--id", "evt-dup"]].concat(),
+        );
+        assert_eq!(
+            (code, r["outcome"].as_str()),
+            (3, Some("duplicate")),
+            "{plugin}: {r:#}"
+        );
+        assert_eq!(r["statements"].as_array().unwrap().len(), 0, "{plugin}");
+        sqlx::query("DELETE FROM processed_message")
+            .execute(&env.pool)
+            .await
+            .unwrap();
+
+        // Terminal: a payload the plugin cannot read.
+        let (code, r) = plugin_test(&file, &config, r#"{"orderId": 5}"#, &typed);
+        assert_eq!(
+            (code, r["outcome"].as_str()),
+            (5, Some("terminal")),
+            "{plugin}: {r:#}"
+        );
+        assert!(
+            r["reason"].as_str().unwrap().contains("malformed"),
+            "{plugin}: {r:#}"
+        );
+        assert_untouched(&env, plugin).await;
+    }
+
+    // Traps: the inventory plugins have no input that traps; the templates' `conformance.trap`
+    // (a panic, an uncaught exception, `__builtin_trap()`) does, in the same four languages.
+    for template in ["template-rust", "template-py", "template-js", "template-c"] {
+        let config = write_config(&dir, &env, template, &plugin_path(template), "");
+        let (code, r) = plugin_test(
+            &plugin_path(template),
+            &config,
+            "{}",
+            &["--event-type", "conformance.trap"],
+        );
+        assert_eq!(
+            (code, r["outcome"].as_str()),
+            (6, Some("trap")),
+            "{template}: {r:#}"
+        );
+        assert!(
+            r["reason"].as_str().unwrap().starts_with("plugin trapped"),
+            "{r:#}"
+        );
+    }
+    assert_untouched(&env, "after the traps").await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn plugin_test_shows_outbox_events_and_commits_only_when_told() {
+    let env = TestEnv::new("plugin_test_outbox").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    sqlx::raw_sql(include_str!(
+        "../../examples/order-flow/migrations/0002_order_flow.sql"
+    ))
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let dir = scratch("plugin-test-outbox");
+    let plugin = plugin_path("order-reservation");
+    let config = write_config(
+        &dir,
+        &env,
+        "inventory-reservation-v1",
+        &plugin,
+        "tables = [\"*\"]\npublish_subjects = [\"demo.>\"]",
+    );
+    let order = r#"{"orderId":"o-7","sku":"sku-1","quantity":3}"#;
+    let args = [
+        "--event-type",
+        "OrderPlaced",
+        "--id",
+        "evt-7",
+        "--header",
+        "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ];
+    let (code, r) = plugin_test(&plugin, &config, order, &args);
+    assert_eq!((code, r["outcome"].as_str()), (0, Some("applied")), "{r:#}");
+    let outbox = r["outbox"].as_array().unwrap();
+    assert_eq!(outbox.len(), 1, "{r:#}");
+    assert_eq!(outbox[0]["subject"], "demo.inventory.reserved", "{r:#}");
+    assert!(
+        outbox[0]["payload"].as_str().unwrap().contains("o-7"),
+        "{r:#}"
+    );
+    assert!(
+        r["message"]["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "traceparent"),
+        "{r:#}"
+    );
+    assert_untouched(&env, "rehearsal").await;
+
+    // --commit: the marker, the effect and the outbox row are committed together.
+    let (code, r) = plugin_test(
+        &plugin,
+        &config,
+        order,
+        &[&args[..], &["--commit"]].concat(),
+    );
+    assert_eq!((code, r["committed"].as_bool()), (0, Some(true)), "{r:#}");
+    assert_eq!(
+        count(
+            &env,
+            "SELECT count(*) FROM processed_message WHERE message_id = 'evt-7'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(&env, "SELECT reserved FROM inventory WHERE sku = 'sku-1'").await,
+        3
+    );
+    assert_eq!(count(&env, "SELECT count(*) FROM outbox_message").await, 1);
+    // And the same id again is a duplicate.
+    let (code, r) = plugin_test(&plugin, &config, order, &args);
+    assert_eq!(
+        (code, r["outcome"].as_str()),
+        (3, Some("duplicate")),
+        "{r:#}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
+    let env = TestEnv::new("plugin_new").await;
+    let dir = scratch("plugin-new");
+    // The toolchains build-plugins.sh installed (plugin build keeps their layout), and the
+    // plugins' cargo target directory, where the Rust template's dependencies are built.
+    let toolchain = repo_root().join(".cache/toolchain");
+    let cargo_target = String::from_utf8(
+        run_ok(
+            Command::new("bash")
+                .arg("scripts/target-dir.sh")
+                .arg("plugins/Cargo.toml")
+                .current_dir(repo_root()),
+        )
+        .stdout,
+    )
+    .unwrap();
+    for lang in ["rust", "python", "js", "c"] {
+        let name = format!("notes-{lang}");
+        let project = dir.join(&name);
+        let created = run_ok(
+            Command::new(BIN)
+                .args(["plugin", "new", "--lang", lang, &name])
+                .arg(&project),
+        );
+        let shown = String::from_utf8_lossy(&created.stdout);
+        assert!(shown.contains("idemhost plugin build"), "{shown}");
+        if lang == "rust" {
+            assert!(
+                shown.contains("cargo build --release --target wasm32-wasip2"),
+                "{shown}"
+            );
+        }
+        run_ok(
+            Command::new(BIN)
+                .args(["plugin", "build"])
+                .arg(&project)
+                .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)
+                .env("CARGO_TARGET_DIR", cargo_target.trim()),
+        );
+        // The project's table in the test's schema, and its config pointed there.
+        let schema_sql = std::fs::read_to_string(project.join("schema.sql"))
+            .unwrap()
+            .replace(&name.replace('-', "_"), &env.schema);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(schema_sql))
+            .execute(&env.pool)
+            .await
+            .unwrap();
+        let out = Command::new(BIN)
+            .args(["plugin", "test", "plugin.wasm", "--config", "idemhost.toml"])
+            .args([
+                "--payload",
+                "sample.json",
+                "--event-type",
+                "NoteAdded",
+                "--json",
+            ])
+            .current_dir(&project)
+            .env("IDEMHOST_POSTGRES__URL", PG_URL.get())
+            .env("IDEMHOST_POSTGRES__SCHEMA", &env.schema)
+            .output()
+            .unwrap();
+        let r: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{lang}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert_eq!(
+            (out.status.code(), r["outcome"].as_str()),
+            (Some(0), Some("applied")),
+            "{lang}: {r:#}"
+        );
+        let insert = &r["statements"][0];
+        assert!(
+            insert["sql"]
+                .as_str()
+                .unwrap()
+                .starts_with("INSERT INTO note"),
+            "{lang}: {r:#}"
+        );
+        assert_eq!(insert["rows_affected"], 1, "{lang}: {r:#}");
+        assert_eq!(insert["params"][1], "hello", "{lang}: {r:#}");
+        assert!(!r["logs"].as_array().unwrap().is_empty(), "{lang}: {r:#}");
+        assert_eq!(
+            count(&env, "SELECT count(*) FROM note").await,
+            0,
+            "{lang}: rolled back"
+        );
+        assert_eq!(
+            count(&env, "SELECT count(*) FROM processed_message").await,
+            0,
+            "{lang}"
+        );
+        sqlx::raw_sql("DROP TABLE note")
+            .execute(&env.pool)
+            .await
+            .unwrap();
+    }
+    env.cleanup().await;
+}
+
+/// Without `--config`: the defaults (environment overrides applied) and a consumer named after
+/// the file — here a retryable outcome, exit status 4.
+#[tokio::test]
+async fn plugin_test_without_a_config_runs_as_a_consumer_named_after_the_file() {
+    let env = TestEnv::new("plugin_test_noconfig").await;
+    let out = Command::new(BIN)
+        .args(["plugin", "test"])
+        .arg(plugin_path("template-rust"))
+        .args([
+            "--payload",
+            "/dev/null",
+            "--event-type",
+            "conformance.retry",
+            "--json",
+        ])
+        .env("IDEMHOST_POSTGRES__URL", PG_URL.get())
+        .env("IDEMHOST_POSTGRES__SCHEMA", &env.schema)
+        .env_remove("IDEMHOST_CONFIG")
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(
+        (
+            out.status.code(),
+            r["outcome"].as_str(),
+            r["consumer"].as_str()
+        ),
+        (Some(4), Some("retryable"), Some("template-rust")),
+        "{r:#}"
+    );
+    assert_eq!(r["reason"], "conformance: retry requested", "{r:#}");
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM processed_message").await,
+        0
+    );
+    env.cleanup().await;
+}
+
+/// A hostile plugin's output reaches the developer's terminal: escape sequences in its log
+/// lines, outbox subject and headers are shown as spaces, and a statement loop is kept to the
+/// trace's bound (the rest counted).
+#[tokio::test]
+async fn plugin_test_shows_hostile_plugin_output_safely_and_bounded() {
+    let env = TestEnv::new("plugin_test_hostile").await;
+    let dir = scratch("plugin-test-hostile");
+    let plugin = plugin_path("testkit");
+    let config = write_config(&dir, &env, "hostile", &plugin, "publish_subjects = [\">\"]");
+    let esc = "\u{1b}]0;owned\u{7}\u{1b}[2J\u{9b}31m";
+    let mut steps: Vec<Value> = (0..1100)
+        .map(|_| serde_json::json!({"query": "SELECT 1"}))
+        .collect();
+    steps.push(serde_json::json!({"log": format!("log {esc}"), "times": 1}));
+    steps.push(serde_json::json!({
+        "publish": format!("demo.{esc}"), "payload": format!("payload {esc}"),
+        "headers": [[format!("X-{esc}"), format!("value {esc}")]],
+    }));
+    let payload = serde_json::json!({ "steps": steps }).to_string();
+    let out = Command::new(BIN)
+        .args(["plugin", "test"])
+        .arg(&plugin)
+        .arg("--config")
+        .arg(&config)
+        .args(["--payload", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(payload.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("SQL: 1000 statements, 100 more not kept"),
+        "{text}"
+    );
+    assert!(text.contains("log "), "{text}");
+    assert!(text.contains("REFUSED"), "{text}");
+    let controls: Vec<char> = text
+        .chars()
+        .filter(|c| c.is_control() && *c != '\n')
+        .collect();
+    assert!(
+        controls.is_empty(),
+        "control characters reached the terminal: {controls:?}"
+    );
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    env.cleanup().await;
+}
+
+/// The instance pool is sized by the consumer's `memory_limit`, as the host sizes it: a plugin
+/// that grows to 80 MiB under a 96 MiB limit runs (a default 64 MiB pool refused it).
+#[tokio::test]
+async fn plugin_test_runs_under_the_consumers_memory_limit() {
+    let env = TestEnv::new("plugin_test_memory").await;
+    let dir = scratch("plugin-test-memory");
+    let plugin = plugin_path("testkit");
+    let config = write_config(&dir, &env, "big", &plugin, "memory_limit = \"96MiB\"");
+    let (code, r) = plugin_test(&plugin, &config, r#"{"steps": [{"alloc_mib": 80}]}"#, &[]);
+    assert_eq!((code, r["outcome"].as_str()), (0, Some("applied")), "{r:#}");
+    env.cleanup().await;
+}
+
+/// A hostile plugin run through `plugin test` by an operator whose config logs the host in as a
+/// superuser (as here): the rehearsal runs on the consumer's own role, like a delivery, so the
+/// plugin cannot use the operator's session (a superuser reads `pg_authid`, the password
+/// hashes; the plugin's role is denied).
+#[tokio::test]
+async fn plugin_test_runs_the_plugin_as_its_role_not_as_the_operator() {
+    let env = TestEnv::new("plugin_test_role").await;
+    let dir = scratch("plugin-test-role");
+    let plugin = plugin_path("testkit");
+    let config = write_config(&dir, &env, "curious", &plugin, "");
+    let steps = r#"{"keep_going": true, "steps": [
+        {"query": "SELECT current_user::text, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"},
+        {"query": "SELECT count(*) FROM pg_authid"}
+    ]}"#;
+    let (_, r) = plugin_test(&plugin, &config, steps, &[]);
+    let who = &r["statements"][0]["rows"][0];
+    assert_eq!(who[0], r["role"], "{r:#}");
+    assert_ne!(who[0], "root", "{r:#}");
+    assert_eq!(who[1], false, "the plugin ran as a superuser: {r:#}");
+    let read = &r["statements"][1];
+    assert!(read["rows"].is_null(), "the role read pg_authid: {r:#}");
+    assert!(
+        read["error"]
+            .as_str()
+            .unwrap()
+            .contains("permission denied"),
+        "{r:#}"
+    );
+    env.cleanup().await;
+}
