@@ -21,10 +21,13 @@ rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
 
 echo "== static binary (x86_64-unknown-linux-musl, release)"
 start=$SECONDS
-cargo build --quiet --release --target x86_64-unknown-linux-musl -p idemhost-cli --bin idemhost
+# IDEMHOST_IMAGE_TARGET_DIR: a target directory for this build alone (scripts/test.sh runs it
+# beside the test build, which then need not wait for cargo's lock); else cargo's own.
+target=${IDEMHOST_IMAGE_TARGET_DIR:-$(scripts/target-dir.sh)}
+CARGO_TARGET_DIR=$target cargo build --quiet --release --target x86_64-unknown-linux-musl -p idemhost-cli --bin idemhost
 # The image gets a copy without symbols (a third of the size); the build keeps its own.
 mkdir -p target/image
-strip -o target/image/idemhost "$(scripts/target-dir.sh)"/x86_64-unknown-linux-musl/release/idemhost
+strip -o target/image/idemhost "$target"/x86_64-unknown-linux-musl/release/idemhost
 bin=target/image/idemhost
 echo "   built in $((SECONDS - start))s: $(stat -c %s "$bin") bytes stripped, $(file -b "$bin" | grep -o 'static[-a-z]* linked')"
 scripts/build-plugins.sh rust >/dev/null

