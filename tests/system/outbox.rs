@@ -420,7 +420,6 @@ async fn a_burst_of_notifications_costs_a_few_passes() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let passes = relay_passes(&admin).await - before;
     println!("1,000 notifications in one transaction: {passes} relay passes");
-    // Other tests' commits in this database notify the same channel: a little room for them.
     assert!(passes <= 50, "{passes} relay passes for one burst");
 
     // Still woken by a commit, long before the next poll.
@@ -437,5 +436,57 @@ async fn a_burst_of_notifications_costs_a_few_passes() {
     assert_eq!(events(&nats, &subject).await.len(), 1);
     host.stop().await;
     nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// Hosts of other schemas in the same database share the relay's channel: 100 commits that
+/// write another schema's outbox, one by one, wake this schema's relay for none of its passes
+/// (the notification names its schema). Before, each woke it for a pass over its own table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_schemas_outbox_does_not_wake_this_relay() {
+    let env = TestEnv::new("outbox_mine").await;
+    let other = TestEnv::new("outbox_theirs").await;
+    let nats = NatsEnv::new("outbox_mine", Duration::from_millis(200)).await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    // Polling out of the way: every pass counted here is a wake-up by notification.
+    let text = config_text(&env, &nats, NAME, "testkit", "")
+        + &format!("\n[admin]\nlisten = \"{admin}\"\n[outbox]\npoll_interval = \"60s\"\n");
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    wait_ready(&admin, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let before = relay_passes(&admin).await;
+    for i in 0..100 {
+        other
+            .execute(&format!(
+                "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
+                 VALUES ('theirs-v1', 'm-{i}', 0, 'theirs.events', '[]', 'x')"
+            ))
+            .await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let passes = relay_passes(&admin).await - before;
+    println!("100 commits to another schema's outbox: {passes} relay passes here");
+    assert!(
+        passes <= 3,
+        "{passes} relay passes for another schema's commits"
+    );
+
+    // Its own schema's commit still wakes it at once.
+    let subject = format!("{}.events.mine", nats.prefix);
+    env.execute(&format!(
+        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
+         VALUES ('mine-v1', 'm-1', 0, '{subject}', '[]', 'mine')"
+    ))
+    .await;
+    wait_until(Duration::from_secs(5), "the row to leave", || async {
+        (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(events(&nats, &subject).await.len(), 1);
+    host.stop().await;
+    nats.cleanup().await;
+    other.cleanup().await;
     env.cleanup().await;
 }

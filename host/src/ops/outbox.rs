@@ -82,7 +82,7 @@ pub async fn retry(pool: &PgPool, filter: &Filter) -> Result<u64, sqlx::Error> {
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    sqlx::query("SELECT pg_notify($1, '')")
+    sqlx::query("SELECT pg_notify($1, current_schema())")
         .bind(crate::outbox::relay::CHANNEL)
         .execute(&mut *tx)
         .await?;

@@ -3,7 +3,7 @@
 //! so the relays of several replicas share the table without taking the same row; the locks
 //! are held while publishing, and a relay that dies releases them with its connection — the
 //! rows are then published again under the same deterministic id. The relay wakes on
-//! `LISTEN idemhost_outbox` (a trigger notifies at commit) and polls every
+//! `LISTEN idemhost_outbox` (a trigger notifies at commit, naming its schema) and polls every
 //! `outbox.poll_interval` besides.
 //!
 //! A row that fails to publish does not hold up the others: its attempt is counted, its reason
@@ -114,6 +114,8 @@ pub fn spawn(
     let (poll, batch, retry) = (config.poll_interval.0, config.batch, Retry::from(config));
     tokio::spawn(async move {
         let mut listener = listen(&pool).await;
+        // The schema whose notifications wake this relay (see `notified`).
+        let mut schema: Option<String> = None;
         let mut backoff = Duration::from_millis(100);
         // Every wake-up drains; after `stop`, one last pass sends what the final deliveries
         // committed, then the relay ends.
@@ -150,10 +152,16 @@ pub fn spawn(
             if *stop.borrow() {
                 return;
             }
+            if schema.is_none() {
+                schema = sqlx::query_scalar("SELECT current_schema()::text")
+                    .fetch_one(&pool)
+                    .await
+                    .ok();
+            }
             tokio::select! {
                 _ = stop.changed() => {}
                 _ = tokio::time::sleep(poll) => {}
-                woke = notified(&mut listener) => {
+                woke = notified(&mut listener, schema.as_deref()) => {
                     if woke {
                         swallow_waiting(&mut listener);
                     } else {
@@ -183,11 +191,25 @@ async fn listen(pool: &PgPool) -> Option<PgListener> {
     }
 }
 
-/// Waits for a notification; `false` when there is no working listener.
-async fn notified(listener: &mut Option<PgListener>) -> bool {
-    match listener {
-        Some(l) => l.recv().await.is_ok(),
-        None => std::future::pending().await,
+/// Waits for a notification about this relay's schema; `false` when there is no working
+/// listener.
+///
+/// Every host's relay listens on one channel: a notification's payload names the schema whose
+/// outbox was written (migration 0011), and another schema's wakes nobody here. An empty payload
+/// (a schema's trigger from before 0011) counts as this schema's, and so does every payload
+/// while the schema is not known yet.
+async fn notified(listener: &mut Option<PgListener>, schema: Option<&str>) -> bool {
+    let Some(l) = listener else {
+        return std::future::pending().await;
+    };
+    loop {
+        match l.recv().await {
+            Ok(n) if n.payload().is_empty() || schema.is_none_or(|s| s == n.payload()) => {
+                return true;
+            }
+            Ok(_) => {}
+            Err(_) => return false,
+        }
     }
 }
 
