@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the idemhost container image with podman: the static binary
-# (x86_64-unknown-linux-musl, release), the Rust inventory plugin, then the FROM scratch image of
+# (x86_64-unknown-linux-musl, release unless IDEMHOST_IMAGE_PROFILE names another profile), the
+# Rust inventory plugin, then the FROM scratch image of
 # ./Containerfile. Installs what it needs (podman + runc, musl-tools, the Rust target) when
 # missing. Prints the image's size. IMAGE=name:tag overrides the tag.
 set -euo pipefail
@@ -19,15 +20,19 @@ fi
 rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
   || rustup target add x86_64-unknown-linux-musl
 
-echo "== static binary (x86_64-unknown-linux-musl, release)"
-start=$SECONDS
-# IDEMHOST_IMAGE_TARGET_DIR: a target directory for this build alone (scripts/test.sh runs it
-# beside the test build, which then need not wait for cargo's lock); else cargo's own.
+# IDEMHOST_IMAGE_PROFILE: the cargo profile (release; scripts/test.sh builds its image with
+# `image-test`, see Cargo.toml). IDEMHOST_IMAGE_TARGET_DIR: a target directory for this build
+# alone (scripts/test.sh runs it beside the test build, which then need not wait for cargo's
+# lock); else cargo's own.
+profile=${IDEMHOST_IMAGE_PROFILE:-release}
 target=${IDEMHOST_IMAGE_TARGET_DIR:-$(scripts/target-dir.sh)}
-CARGO_TARGET_DIR=$target cargo build --quiet --release --target x86_64-unknown-linux-musl -p idemhost-cli --bin idemhost
+echo "== static binary (x86_64-unknown-linux-musl, $profile)"
+start=$SECONDS
+CARGO_TARGET_DIR=$target cargo build --quiet --profile "$profile" --target x86_64-unknown-linux-musl \
+  -p idemhost-cli --bin idemhost
 # The image gets a copy without symbols (a third of the size); the build keeps its own.
 mkdir -p target/image
-strip -o target/image/idemhost "$target"/x86_64-unknown-linux-musl/release/idemhost
+strip -o target/image/idemhost "$target"/x86_64-unknown-linux-musl/"$profile"/idemhost
 bin=target/image/idemhost
 echo "   built in $((SECONDS - start))s: $(stat -c %s "$bin") bytes stripped, $(file -b "$bin" | grep -o 'static[-a-z]* linked')"
 scripts/build-plugins.sh rust >/dev/null

@@ -32,6 +32,10 @@ export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
 # The container test runs the image built here; it is skipped only where podman is absent and
 # cannot be installed.
 image=
+# The container test's image: profile `image-test` (Cargo.toml), a target directory of its own.
+export IDEMHOST_IMAGE_PROFILE=${IDEMHOST_IMAGE_PROFILE:-image-test}
+IDEMHOST_IMAGE_TARGET_DIR=${IDEMHOST_IMAGE_TARGET_DIR:-$(scripts/target-dir.sh)/image-build}
+export IDEMHOST_IMAGE_TARGET_DIR
 if command -v podman >/dev/null || command -v apt-get >/dev/null; then image=yes; else
   echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
 fi
@@ -40,20 +44,25 @@ if [ $# -gt 0 ]; then
   exec scripts/test-servers.sh cargo test --workspace --features "$features" "$@"
 fi
 
-# The image's static release build is the longest step and shares nothing with the others (its
-# own target and profile): it runs beside them at the lowest priority, on the CPU they leave
-# idle, in a target directory of its own (no wait on cargo's lock); the container test runs
-# once it is done.
+# The image's static build is the longest step and shares nothing with the others (its own
+# target and profile, `image-test` in Cargo.toml): it runs beside them at the lowest priority,
+# on the CPU they leave idle, in a target directory of its own (no wait on cargo's lock); the
+# container test runs once it is done.
 image_log=$(mktemp -t idemhost-image.XXXXXX)
 image_pid=
-# In a session of its own, so that stopping it (on failure, on Ctrl-C) stops its cargo too.
+# Stopped with its process group (on failure, on Ctrl-C): its cargo too.
 stop_image() { if [ -n "$image_pid" ]; then kill -- "-$image_pid" 2>/dev/null || true; fi; rm -f "$image_log"; }
 trap stop_image EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 if [ -n "$image" ]; then
-  IDEMHOST_IMAGE_TARGET_DIR=$(scripts/target-dir.sh)/image-build setsid nice -n 19 scripts/build-image.sh >"$image_log" 2>&1 &
+  # A job of its own process group (set -m), but in this session: the kernel's autogroups
+  # share the CPU between sessions evenly whatever the niceness, so a new session (setsid)
+  # would take half of it from the tests.
+  set -m
+  nice -n 19 chrt --idle 0 scripts/build-image.sh >"$image_log" 2>&1 &
   image_pid=$!
+  set +m
 fi
 
 # Lints: warnings are errors, with the test features and without (code behind a feature, or

@@ -32,9 +32,30 @@ fn target_dir_follows_cargo_target_dir() {
     std::fs::remove_dir_all(&elsewhere).unwrap();
 }
 
+/// The Rust plugins built with `CARGO_TARGET_DIR` elsewhere: cargo builds there and the script
+/// copies from there. The directory starts as a copy of the plugins' own target (the suite built
+/// them already: a build from nothing costs minutes of both cores), with one artifact spoilt:
+/// cargo must make it again in that directory, and that is what the script copies.
 #[test]
 fn build_plugins_builds_in_cargo_target_dir() {
     let (target, dist) = (scratch("cargo"), scratch("dist"));
+    let own = String::from_utf8(
+        run_ok(
+            Command::new("bash")
+                .args(["scripts/target-dir.sh", "plugins/Cargo.toml"])
+                .current_dir(root()),
+        )
+        .stdout,
+    )
+    .unwrap();
+    run_ok(
+        Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", own.trim()))
+            .arg(&target),
+    );
+    let spoilt = target.join("wasm32-wasip2/release/testkit.wasm");
+    std::fs::write(&spoilt, b"spoilt").unwrap();
     run_ok(
         Command::new("bash")
             .args(["scripts/build-plugins.sh", "rust"])
@@ -51,6 +72,11 @@ fn build_plugins_builds_in_cargo_target_dir() {
         let built = std::fs::read(target.join("wasm32-wasip2/release").join(built)).unwrap();
         assert_eq!(std::fs::read(dist.join(copied)).unwrap(), built, "{copied}");
     }
+    assert_ne!(
+        std::fs::read(&spoilt).unwrap(),
+        b"spoilt",
+        "not rebuilt where cargo was told"
+    );
     std::fs::remove_dir_all(&target).unwrap();
     std::fs::remove_dir_all(&dist).unwrap();
 }
