@@ -210,22 +210,26 @@ async fn hostile_plugins_are_contained_and_memory_returns_to_baseline() {
         }
     }
 
-    // The log flood is cut at the per-delivery cap, and the cut is reported.
+    // The log flood is cut at the per-attempt cap (100 lines), and each cut is reported once.
+    // A flood attempt can also run out its 1 s deadline on a busy machine and be tried again
+    // (max_deliver = 2; it applied once, checked above): each attempt gets its own 100.
     let text = std::fs::read_to_string(&log).unwrap();
     let flood_lines = text.lines().filter(|l| l.contains("flood line")).count();
+    let cuts = text
+        .lines()
+        .filter(|l| l.contains("plugin log lines dropped"))
+        .count();
     assert!(
-        flood_lines <= 100 * ROUNDS,
-        "{flood_lines} flood lines logged"
+        (ROUNDS..=2 * ROUNDS).contains(&cuts),
+        "{cuts} cut floods reported for {ROUNDS} floods"
+    );
+    assert!(
+        flood_lines <= 100 * cuts,
+        "{flood_lines} flood lines logged in {cuts} cut attempts"
     );
     assert!(
         flood_lines >= ROUNDS,
         "the first lines of each flood are kept"
-    );
-    assert!(
-        text.lines()
-            .filter(|l| l.contains("plugin log lines dropped"))
-            .count()
-            >= ROUNDS
     );
 
     // Memory: a leaked bomb instance alone would add MEMORY_LIMIT_MIB. What stays is bounded
