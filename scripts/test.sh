@@ -74,7 +74,7 @@ cargo clippy --workspace --all-targets --features "$features" -- -D warnings
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 step "lints passed"
-scripts/test-servers.sh cargo test --workspace --features "$features" -- --skip container::
+scripts/test-servers.sh cargo test --workspace --no-fail-fast --features "$features" -- --skip container::
 step "tests passed"
 # The server matrix: the core suites again against the oldest servers supported.
 scripts/test-matrix.sh

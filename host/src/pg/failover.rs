@@ -265,15 +265,30 @@ mod tests {
         toml::from_str(&format!("url = \"{url}\"")).unwrap()
     }
 
-    /// Against the machine's PostgreSQL (the suite's): a server that does not answer is passed
-    /// over, and none answering is an error that names each.
+    /// Against the suite's PostgreSQL (`IDEMHOST_TEST_PG_URL`, else the machine's at
+    /// 127.0.0.1:5432): a server that does not answer is passed over, and none answering is an
+    /// error that names each.
     #[tokio::test]
     async fn the_first_server_that_answers_as_asked_is_used() {
-        let url = "postgres://root@127.0.0.1:1,127.0.0.1:5432/test?target_session_attrs=read-write";
-        let failover = Failover::find(&config(url)).await.unwrap();
+        let suite = std::env::var("IDEMHOST_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+        let parsed = url::Url::parse(&suite).unwrap();
+        let server = format!(
+            "{}:{}",
+            parsed.host_str().unwrap(),
+            parsed.port().unwrap_or(5432)
+        );
+        let url = format!(
+            "{}?target_session_attrs=read-write",
+            suite.replacen(&format!("@{server}"), &format!("@127.0.0.1:1,{server}"), 1)
+        );
+        let failover = Failover::find(&config(&url)).await.unwrap();
+        let current = url::Url::parse(failover.current_url()).unwrap();
         assert_eq!(
-            failover.current_url(),
-            "postgres://root@127.0.0.1:5432/test"
+            (current.host_str(), current.port(), current.path()),
+            (parsed.host_str(), parsed.port(), parsed.path()),
+            "{}",
+            failover.current_url()
         );
         let url = "postgres://root@127.0.0.1:1,127.0.0.1:2/test?target_session_attrs=primary";
         let err = Failover::find(&config(url))
