@@ -436,8 +436,16 @@ fn js_tools() -> anyhow::Result<PathBuf> {
         std::fs::create_dir_all(&js)?;
         std::fs::write(js.join("package.json"), JS_PACKAGE)?;
         std::fs::write(js.join("package-lock.json"), JS_LOCK)?;
+        // From npm's cache when it holds the pinned packages (as after scripts/build-plugins.sh,
+        // which installs the same lock): no network needed then.
         run(Command::new("npm")
-            .args(["ci", "--silent", "--no-audit", "--no-fund"])
+            .args([
+                "ci",
+                "--prefer-offline",
+                "--silent",
+                "--no-audit",
+                "--no-fund",
+            ])
             .current_dir(&js))?;
         std::fs::write(&marker, stamp(JS_LOCK))?;
     }

@@ -91,7 +91,7 @@ ensure_js_tools() {
   local lock=$NODE_TOOLS/package-lock.json
   if [ "$(cat "$NODE_TOOLS/node_modules/.lock.sha256" 2>/dev/null)" != "$(sha256sum <"$lock")" ]; then
     say "installing the JavaScript toolchain ($lock)"
-    (cd "$NODE_TOOLS" && npm ci --silent --no-audit --no-fund)
+    (cd "$NODE_TOOLS" && npm ci --prefer-offline --silent --no-audit --no-fund)
     sha256sum <"$lock" >"$NODE_TOOLS/node_modules/.lock.sha256"
   fi
 }

@@ -54,12 +54,17 @@ pub struct BenchOptions {
     /// server with `ssl = on` would encrypt the host's and pgbench's loopback traffic only).
     #[arg(
         long,
+        env = "IDEMHOST_BENCH_PG_URL",
         default_value = "postgres://root@127.0.0.1:5432/postgres?sslmode=disable"
     )]
     pub pg_url: String,
     #[arg(long, default_value = "idemhost_bench")]
     pub database: String,
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        env = "IDEMHOST_BENCH_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
     pub nats_url: String,
     /// Events per run.
     #[arg(long, default_value_t = 20_000)]

@@ -63,15 +63,18 @@ fn bench_runs_only_the_modes_asked_for() {
     assert!(stdout.contains("2 tx)"), "{stdout}");
 }
 
-/// Runs `idemhost bench` with `args` and the inventory plugin; its stdout, its JSON report and
-/// the modes of its host runs.
+/// Runs `idemhost bench` with `args` and the inventory plugin against the suite's servers (by
+/// the environment: a private server's password stays off the command line); its stdout, its
+/// JSON report and the modes of its host runs.
 fn bench(args: &[&str]) -> (String, serde_json::Value, Vec<String>) {
     let out = run_ok(
         Command::new(env!("CARGO_BIN_EXE_idemhost"))
             .arg("bench")
             .args(args)
             .arg("--plugin")
-            .arg(plugin_path("inventory")),
+            .arg(plugin_path("inventory"))
+            .env("IDEMHOST_BENCH_PG_URL", PG_URL.get())
+            .env("IDEMHOST_BENCH_NATS_URL", NATS_URL.get()),
     );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();

@@ -41,11 +41,13 @@ async fn startup_errors_name_what_is_wrong() {
     let plugin = plugin_path("inventory");
     let schema = unique("t_cli");
     let good_pg = format!("[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n");
+    // The suite's NATS (not the default address, where nothing may answer).
+    let good_nats = format!("[nats]\nurl = \"{NATS_URL}\"\n");
 
     let (ok, err) = run_with(
         &dir,
         &format!(
-            "[postgres]\nurl = \"postgres://app:s3cret@127.0.0.1:1/x\"\nacquire_timeout = \"1s\"\n{}",
+            "{good_nats}[postgres]\nurl = \"postgres://app:s3cret@127.0.0.1:1/x\"\nacquire_timeout = \"1s\"\n{}",
             consumer(&plugin, "S")
         ),
     );
@@ -71,7 +73,10 @@ async fn startup_errors_name_what_is_wrong() {
 
     let (ok, err) = run_with(
         &dir,
-        &format!("{good_pg}{}max_in_flight = 0\n", consumer(&plugin, "S")),
+        &format!(
+            "{good_nats}{good_pg}{}max_in_flight = 0\n",
+            consumer(&plugin, "S")
+        ),
     );
     assert!(!ok);
     assert!(
@@ -82,7 +87,7 @@ async fn startup_errors_name_what_is_wrong() {
     let (ok, err) = run_with(
         &dir,
         &format!(
-            "{good_pg}{}handler_timeout = \"soon\"\n",
+            "{good_nats}{good_pg}{}handler_timeout = \"soon\"\n",
             consumer(&plugin, "S")
         ),
     );
@@ -91,7 +96,10 @@ async fn startup_errors_name_what_is_wrong() {
 
     let (ok, err) = run_with(
         &dir,
-        &format!("{good_pg}{}", consumer(&dir.join("missing.wasm"), "S")),
+        &format!(
+            "{good_nats}{good_pg}{}",
+            consumer(&dir.join("missing.wasm"), "S")
+        ),
     );
     assert!(!ok);
     assert!(
@@ -101,7 +109,10 @@ async fn startup_errors_name_what_is_wrong() {
 
     let junk = dir.join("junk.wasm");
     std::fs::write(&junk, b"\0asm not really").unwrap();
-    let (ok, err) = run_with(&dir, &format!("{good_pg}{}", consumer(&junk, "S")));
+    let (ok, err) = run_with(
+        &dir,
+        &format!("{good_nats}{good_pg}{}", consumer(&junk, "S")),
+    );
     assert!(!ok);
     assert!(
         err.contains("is not a valid WebAssembly component"),
@@ -111,7 +122,7 @@ async fn startup_errors_name_what_is_wrong() {
     let (ok, err) = run_with(
         &dir,
         &format!(
-            "{good_pg}{}",
+            "{good_nats}{good_pg}{}",
             consumer(&plugin, &unique("NO_SUCH_STREAM").to_uppercase())
         ),
     );
@@ -139,7 +150,7 @@ async fn missing_or_wrong_keys_are_one_line_errors() {
     let schema = unique("t_cli_keys");
     let pg = format!("[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n");
     let full = format!(
-        "{pg}[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"c1\"\nstream = \"S\"\nplugin = \"{}\"\n",
+        "[nats]\nurl = \"{NATS_URL}\"\n{pg}[[consumer]]\ntables = [\"*\"]\npublish_subjects = [\">\"]\nname = \"c1\"\nstream = \"S\"\nplugin = \"{}\"\n",
         plugin.display()
     );
     let cases = [
