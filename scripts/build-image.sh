@@ -20,8 +20,7 @@ fi
 rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
   || rustup target add x86_64-unknown-linux-musl
 
-# IDEMHOST_IMAGE_PROFILE: the cargo profile (release; scripts/test.sh builds its image with
-# `image-test`, see Cargo.toml). IDEMHOST_IMAGE_TARGET_DIR: a target directory for this build
+# IDEMHOST_IMAGE_PROFILE: the cargo profile (default release). IDEMHOST_IMAGE_TARGET_DIR: a target directory for this build
 # alone (scripts/test.sh runs it beside the test build, which then need not wait for cargo's
 # lock); else cargo's own.
 profile=${IDEMHOST_IMAGE_PROFILE:-release}

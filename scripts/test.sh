@@ -35,8 +35,7 @@ export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
 # The container test runs the image built here; it is skipped only where podman is absent and
 # cannot be installed.
 image=
-# The container test's image: profile `image-test` (Cargo.toml), a target directory of its own.
-export IDEMHOST_IMAGE_PROFILE=${IDEMHOST_IMAGE_PROFILE:-image-test}
+# The container test's image: a target directory of its own.
 IDEMHOST_IMAGE_TARGET_DIR=${IDEMHOST_IMAGE_TARGET_DIR:-$(scripts/target-dir.sh)/image-build}
 export IDEMHOST_IMAGE_TARGET_DIR
 if command -v podman >/dev/null || command -v apt-get >/dev/null; then image=yes; else
@@ -48,7 +47,7 @@ if [ $# -gt 0 ]; then
 fi
 
 # The image's static build is the longest step and shares nothing with the others (its own
-# target and profile, `image-test` in Cargo.toml): it runs beside them at the lowest priority,
+# target and profile): it runs beside them at the lowest priority,
 # on the CPU they leave idle, in a target directory of its own (no wait on cargo's lock); the
 # container test runs once it is done.
 image_log=$(mktemp -t idemhost-image.XXXXXX)
