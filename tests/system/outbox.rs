@@ -396,6 +396,34 @@ async fn relay_passes(admin: &str) -> u64 {
         .unwrap_or_else(|| panic!("no relay pass counter in {metrics}")) as u64
 }
 
+/// A host whose relay passes only when notified (polling every 60 s, out of the way), started
+/// and settled; its admin address, for `relay_passes`.
+async fn notified_relay(env: &TestEnv, nats: &NatsEnv) -> (RunningHost, String) {
+    let admin = format!("127.0.0.1:{}", free_port());
+    let text = config_text(env, nats, NAME, "testkit", "")
+        + &format!("\n[admin]\nlisten = \"{admin}\"\n[outbox]\npoll_interval = \"60s\"\n");
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    wait_ready(&admin, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (host, admin)
+}
+
+/// A row committed to the relay's own schema still wakes it, long before the next poll: it is
+/// published once and leaves the table.
+async fn a_commit_wakes_it(env: &TestEnv, nats: &NatsEnv) {
+    let subject = format!("{}.events.woken", nats.prefix);
+    env.execute(&format!(
+        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
+         VALUES ('woken-v1', 'm-1', 0, '{subject}', '[]', 'woken')"
+    ))
+    .await;
+    wait_until(Duration::from_secs(5), "the row to leave", || async {
+        (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(events(nats, &subject).await.len(), 1);
+}
+
 /// 1,000 notifications on the relay's channel in one transaction (distinct payloads, which
 /// PostgreSQL does not fold; what a handler calling pg_notify can send) wake the relay for a
 /// few passes, not one pass each; a row committed after them still wakes it at once.
@@ -403,13 +431,7 @@ async fn relay_passes(admin: &str) -> u64 {
 async fn a_burst_of_notifications_costs_a_few_passes() {
     let env = TestEnv::new("outbox_burst").await;
     let nats = NatsEnv::new("outbox_burst", Duration::from_millis(200)).await;
-    let admin = format!("127.0.0.1:{}", free_port());
-    // Polling out of the way: every pass counted here is a wake-up by notification.
-    let text = config_text(&env, &nats, NAME, "testkit", "")
-        + &format!("\n[admin]\nlisten = \"{admin}\"\n[outbox]\npoll_interval = \"60s\"\n");
-    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
-    wait_ready(&admin, Duration::from_secs(20)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (host, admin) = notified_relay(&env, &nats).await;
 
     let before = relay_passes(&admin).await;
     env.execute(&format!(
@@ -423,17 +445,7 @@ async fn a_burst_of_notifications_costs_a_few_passes() {
     assert!(passes <= 50, "{passes} relay passes for one burst");
 
     // Still woken by a commit, long before the next poll.
-    let subject = format!("{}.events.after", nats.prefix);
-    env.execute(&format!(
-        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
-         VALUES ('burst-v1', 'm-1', 0, '{subject}', '[]', 'after')"
-    ))
-    .await;
-    wait_until(Duration::from_secs(5), "the row to leave", || async {
-        (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
-    })
-    .await;
-    assert_eq!(events(&nats, &subject).await.len(), 1);
+    a_commit_wakes_it(&env, &nats).await;
     host.stop().await;
     nats.cleanup().await;
     env.cleanup().await;
@@ -447,13 +459,7 @@ async fn another_schemas_outbox_does_not_wake_this_relay() {
     let env = TestEnv::new("outbox_mine").await;
     let other = TestEnv::new("outbox_theirs").await;
     let nats = NatsEnv::new("outbox_mine", Duration::from_millis(200)).await;
-    let admin = format!("127.0.0.1:{}", free_port());
-    // Polling out of the way: every pass counted here is a wake-up by notification.
-    let text = config_text(&env, &nats, NAME, "testkit", "")
-        + &format!("\n[admin]\nlisten = \"{admin}\"\n[outbox]\npoll_interval = \"60s\"\n");
-    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
-    wait_ready(&admin, Duration::from_secs(20)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (host, admin) = notified_relay(&env, &nats).await;
 
     let before = relay_passes(&admin).await;
     for i in 0..100 {
@@ -474,17 +480,7 @@ async fn another_schemas_outbox_does_not_wake_this_relay() {
     );
 
     // Its own schema's commit still wakes it at once.
-    let subject = format!("{}.events.mine", nats.prefix);
-    env.execute(&format!(
-        "INSERT INTO outbox_message (consumer_name, source_message_id, seq, subject, headers, payload) \
-         VALUES ('mine-v1', 'm-1', 0, '{subject}', '[]', 'mine')"
-    ))
-    .await;
-    wait_until(Duration::from_secs(5), "the row to leave", || async {
-        (env.scalar("SELECT count(*) FROM outbox_message").await == 0).then_some(())
-    })
-    .await;
-    assert_eq!(events(&nats, &subject).await.len(), 1);
+    a_commit_wakes_it(&env, &nats).await;
     host.stop().await;
     nats.cleanup().await;
     other.cleanup().await;
