@@ -86,18 +86,22 @@ if want py; then
 fi
 
 # -- JavaScript (componentize-js, from npm) -----------------------------------------------------
-NODE_TOOLS=plugins/toolchain
+# Installed where `idemhost plugin new` installs it (IDEMHOST_TOOLCHAIN_DIR's js/, same files,
+# same stamp): pointed at .cache/toolchain, plugin new reuses this install and needs no registry.
+NODE_TOOLS=$TOOLS/js
 ensure_js_tools() {
-  local lock=$NODE_TOOLS/package-lock.json
+  local lock=plugins/toolchain/package-lock.json
   if [ "$(cat "$NODE_TOOLS/node_modules/.lock.sha256" 2>/dev/null)" != "$(sha256sum <"$lock")" ]; then
     say "installing the JavaScript toolchain ($lock)"
+    mkdir -p "$NODE_TOOLS"
+    cp plugins/toolchain/package.json "$lock" "$NODE_TOOLS"/
     (cd "$NODE_TOOLS" && npm ci --prefer-offline --silent --no-audit --no-fund)
     sha256sum <"$lock" >"$NODE_TOOLS/node_modules/.lock.sha256"
   fi
 }
 componentize_js() { # name entry.js
   local name=$1 entry=$2
-  stale "$name" "$(dirname "$entry")"/*.js "${WIT[@]}" "$NODE_TOOLS/package-lock.json" || return 0
+  stale "$name" "$(dirname "$entry")"/*.js "${WIT[@]}" plugins/toolchain/package-lock.json || return 0
   # -d ...: leave out every WASI feature of the engine (stdio, random, clocks, http), so the
   # component imports only the idemhost world.
   timed "$name" "$NODE_TOOLS/node_modules/.bin/componentize-js" "$entry" --wit wit \

@@ -32,39 +32,27 @@ features=idemhost-cli/failpoints,idemhost-cli/otlp
 # The system tests wait on servers and child processes as much as they compute: four at a time
 # keep two cores busy (two left a third of the CPU idle). RUST_TEST_THREADS overrides.
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
-# The container test runs the image built here; it is skipped only where podman is absent and
-# cannot be installed.
+# The suite is built for x86_64-unknown-linux-musl, the container image's target: one build
+# serves the tests and the image, which packages the very binary the suite ran (a static build
+# of its own, in release, cost ~16 CPU-minutes: more than any other step). The release image is
+# scripts/build-image.sh's business.
+scripts/ensure-musl.sh
+export CARGO_BUILD_TARGET=x86_64-unknown-linux-musl
+built=$(scripts/target-dir.sh)/$CARGO_BUILD_TARGET/debug/idemhost
+# The container test's image: a tag of its own (a release image at :latest stays).
+export IDEMHOST_TEST_IMAGE=localhost/idemhost:test
+# It is skipped only where podman is absent and cannot be installed.
 image=
-# The container test's image: a target directory of its own.
-IDEMHOST_IMAGE_TARGET_DIR=${IDEMHOST_IMAGE_TARGET_DIR:-$(scripts/target-dir.sh)/image-build}
-export IDEMHOST_IMAGE_TARGET_DIR
 if command -v podman >/dev/null || command -v apt-get >/dev/null; then image=yes; else
   echo "test.sh: neither podman nor apt-get: the container test will be skipped" >&2
 fi
+build_image() { IMAGE=$IDEMHOST_TEST_IMAGE IDEMHOST_IMAGE_BINARY=$built scripts/build-image.sh; }
 if [ $# -gt 0 ]; then
-  if [ -n "$image" ]; then scripts/build-image.sh; fi
+  if [ -n "$image" ]; then
+    cargo test --workspace --features "$features" --no-run
+    build_image
+  fi
   exec scripts/test-servers.sh cargo test --workspace --features "$features" "$@"
-fi
-
-# The image's static build is the longest step and shares nothing with the others (its own
-# target and profile): it runs beside them at the lowest priority,
-# on the CPU they leave idle, in a target directory of its own (no wait on cargo's lock); the
-# container test runs once it is done.
-image_log=$(mktemp -t idemhost-image.XXXXXX)
-image_pid=
-# Stopped with its process group (on failure, on Ctrl-C): its cargo too.
-stop_image() { if [ -n "$image_pid" ]; then kill -- "-$image_pid" 2>/dev/null || true; fi; rm -f "$image_log"; }
-trap stop_image EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-if [ -n "$image" ]; then
-  # A job of its own process group (set -m), but in this session: the kernel's autogroups
-  # share the CPU between sessions evenly whatever the niceness, so a new session (setsid)
-  # would take half of it from the tests.
-  set -m
-  nice -n 19 chrt --idle 0 scripts/build-image.sh >"$image_log" 2>&1 &
-  image_pid=$!
-  set +m
 fi
 
 # Lints: warnings are errors, with the test features and without (code behind a feature, or
@@ -79,12 +67,8 @@ step "tests passed"
 scripts/test-matrix.sh
 step "server matrix passed"
 if [ -n "$image" ]; then
-  status=0
-  wait "$image_pid" || status=$?
-  image_pid=
-  cat "$image_log"
-  [ "$status" -eq 0 ] || { echo "test.sh: building the image failed ($status)" >&2; exit 1; }
+  build_image
   step "image built"
+  scripts/test-servers.sh cargo test -p idemhost-cli --features "$features" --test system container::
+  step "container test passed"
 fi
-scripts/test-servers.sh cargo test -p idemhost-cli --features failpoints,otlp --test system container::
-step "container test passed"

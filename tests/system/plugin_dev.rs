@@ -312,13 +312,17 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
                 "{shown}"
             );
         }
-        run_ok(
+        let built = run_ok(
             Command::new(BIN)
                 .args(["plugin", "build"])
                 .arg(&project)
                 .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)
                 .env("CARGO_TARGET_DIR", cargo_target.trim()),
         );
+        // build-plugins.sh installed each toolchain where plugin build looks for it: nothing
+        // is installed again (offline, under unshare -n, an install would need a registry).
+        let said = String::from_utf8_lossy(&built.stderr);
+        assert!(!said.contains("== installing"), "{lang}: {said}");
         // The project's table in the test's schema, and its config pointed there.
         let schema_sql = std::fs::read_to_string(project.join("schema.sql"))
             .unwrap()
