@@ -32,7 +32,7 @@ else
   echo "== static binary (x86_64-unknown-linux-musl, $profile)"
   CARGO_TARGET_DIR=$target cargo build --quiet --profile "$profile" --target x86_64-unknown-linux-musl \
     -p idemhost-cli --bin idemhost
-  built=$target/x86_64-unknown-linux-musl/$( [ "$profile" = dev ] && echo debug || echo "$profile")/idemhost
+  built="$target"/x86_64-unknown-linux-musl/$( [ "$profile" = dev ] && echo debug || echo "$profile")/idemhost
 fi
 # The image gets a copy without symbols (a third of the size); the build keeps its own.
 mkdir -p target/image
