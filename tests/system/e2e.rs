@@ -427,8 +427,8 @@ async fn consuming_own_dead_letters_is_refused() {
 
 /// A consumer with several `subjects`: on NATS 2.10 and newer one durable consumer with
 /// `filter_subjects` receives exactly those subjects; on an older server (which would ignore
-/// the field and deliver the whole stream) the host refuses to start and says why. The server
-/// matrix runs this on both.
+/// the field and deliver the whole stream) the host refuses to start, says why, and leaves the
+/// durable of an earlier run with one subject as it was. The server matrix runs this on both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_subjects_are_one_consumer_from_nats_2_10() {
     let env = TestEnv::new("e2esubjects").await;
@@ -440,8 +440,43 @@ async fn several_subjects_are_one_consumer_from_nats_2_10() {
     cfg.consumers[0].subjects = vec![subject("placed"), subject("cancelled")];
     let version = nats.js.client().server_info().version;
     if idemhost::test_support::partition::server_at_least(&nats.client, (2, 10)).is_err() {
+        // The consumer ran before with one subject and applied a message: the refused start
+        // must leave its durable, and so its position in the stream, as it was.
+        let mut one = cfg.clone();
+        one.consumers[0].subjects.truncate(1);
+        let host = RunningHost::start(Host::new(one));
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", "subjects-before");
+        let script = r#"{"steps":[{"execute":"INSERT INTO subject_effect VALUES ('placed')"}]}"#;
+        nats.js
+            .publish_with_headers(subject("placed"), h, script.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let before = nats
+            .wait_drained("subjects-v1", Duration::from_secs(30))
+            .await;
+        host.stop().await;
         let err = start_error(cfg).await;
         assert!(err.contains("needs a NATS server 2.10 or newer"), "{err}");
+        let stream = nats.js.get_stream(&nats.stream).await.unwrap();
+        let after = stream
+            .consumer_info("subjects-v1")
+            .await
+            .expect("the refused start left the durable");
+        assert_eq!(
+            (
+                after.ack_floor.stream_sequence,
+                &after.config.filter_subject
+            ),
+            (
+                before.ack_floor.stream_sequence,
+                &before.config.filter_subject
+            ),
+            "the durable's position and filter after the refusal"
+        );
+        assert_eq!(env.scalar("SELECT count(*) FROM subject_effect").await, 1);
     } else {
         let host = RunningHost::start(Host::new(cfg));
         for kind in ["placed", "cancelled", "shipped"] {

@@ -26,8 +26,21 @@ pub(super) async fn provision(
     partition: Option<u32>,
 ) -> anyhow::Result<Provisioned> {
     let name = &config.name;
+    // What the server cannot do is refused before anything on it changes: a refused start
+    // must leave the stream and an existing durable (its position in the stream) as they were.
     if partition.is_some() {
         partition::check_server(&js.client(), name)?;
+    }
+    if config.subjects.len() > 1 {
+        // Several filter subjects need NATS 2.10; an older server ignores the field and would
+        // deliver the whole stream (this consumer's dead letters included) to this consumer.
+        partition::server_at_least(&js.client(), (2, 10)).map_err(|version| {
+            anyhow::anyhow!(
+                "consumer {name}: `subjects` lists {} subjects, which needs a NATS server 2.10 or \
+                 newer (filter_subjects); this one is {version}. Use one subject (wildcards allowed)",
+                config.subjects.len()
+            )
+        })?;
     }
     let stream = stream(js, config).await?;
     if config.partitions > 0 {
@@ -117,18 +130,17 @@ pub(super) async fn provision(
             format!("consumer {name}: failed to update durable consumer {durable}")
         })?;
     }
-    if config.subjects.len() > 1 {
-        // Several filter subjects need NATS 2.10; an older server ignores the field and would
-        // deliver the whole stream (this consumer's dead letters included) to this consumer.
-        let applied = &consumer.cached_info().config.filter_subjects;
-        if applied != &config.subjects {
-            let _ = stream.delete_consumer(&durable).await;
-            anyhow::bail!(
-                "consumer {name}: `subjects` lists {} subjects, which needs a NATS server 2.10 or newer \
-                 (filter_subjects); this server ignored the filter. Use one subject (wildcards allowed)",
-                config.subjects.len()
-            );
-        }
+    if config.subjects.len() > 1 && consumer.cached_info().config.filter_subjects != config.subjects
+    {
+        // A server that reports 2.10 or newer and still dropped the filter. The durable is left
+        // as it is (deleting it would lose its position in the stream): not consumed from.
+        anyhow::bail!(
+            "consumer {name}: NATS did not apply the {} filter subjects to durable consumer \
+             {durable} on {} (it has {:?}); the host does not consume from it",
+            config.subjects.len(),
+            config.stream,
+            consumer.cached_info().config.filter_subjects
+        );
     }
     Ok(Provisioned { durable, exhausted })
 }
