@@ -293,6 +293,7 @@ impl TxHandle {
             .bounded(&mut state, async |tx: &mut Tx| {
                 let mut rows = Vec::new();
                 let mut total = 0usize;
+                let mut largest = 0usize;
                 let mut stream =
                     sqlx::query_with(AssertSqlSafe(sql.to_owned()), args).fetch(&mut **tx);
                 while let Some(row) = stream.try_next().await? {
@@ -305,6 +306,7 @@ impl TxHandle {
                     match sql_gate::row_values(&row) {
                         Ok((values, bytes)) => {
                             total += bytes;
+                            largest = largest.max(bytes);
                             if total > sql_gate::MAX_RESULT_BYTES {
                                 return Ok(Err(format!(
                                     "query result exceeds {} bytes",
@@ -316,6 +318,8 @@ impl TxHandle {
                         Err(refusal) => return Ok(Err(refusal)),
                     }
                 }
+                drop(stream);
+                tx.note_row_bytes(largest);
                 Ok(Ok(rows))
             })
             .await?;

@@ -18,11 +18,11 @@ use crate::common::*;
 const BYSTANDER_IN_TIME: Duration = Duration::from_secs(30);
 
 /// A host process running an attacker and a bystander consumer, with its log in a file.
-struct Arena {
-    env: TestEnv,
-    attacker: NatsEnv,
-    bystander: NatsEnv,
-    host: HostProcess,
+pub(crate) struct Arena {
+    pub(crate) env: TestEnv,
+    pub(crate) attacker: NatsEnv,
+    pub(crate) bystander: NatsEnv,
+    pub(crate) host: HostProcess,
     log: PathBuf,
     _dir: tempdir::Dir,
     app: OtherApplication,
@@ -40,7 +40,7 @@ mod tempdir {
 
 impl Arena {
     /// Starts the host; `attacker_keys` are extra keys of the attacker's consumer.
-    async fn start(tag: &str, attacker_keys: &str) -> Arena {
+    pub(crate) async fn start(tag: &str, attacker_keys: &str) -> Arena {
         let env = TestEnv::new(tag).await;
         env.execute(
             "CREATE TABLE attack_t (id serial PRIMARY KEY, v text);
@@ -165,7 +165,7 @@ impl Arena {
         String::from_utf8_lossy(&std::fs::read(&self.log).unwrap()).into_owned()
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.alive();
         let failures = self.app.stop().await;
         assert_eq!(
@@ -181,7 +181,7 @@ impl Arena {
 }
 
 /// The host process; a test that fails leaves no host behind (it would hold its connections).
-struct HostProcess(std::process::Child);
+pub(crate) struct HostProcess(pub(crate) std::process::Child);
 
 impl Drop for HostProcess {
     fn drop(&mut self) {

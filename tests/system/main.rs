@@ -12,6 +12,7 @@
 mod common;
 
 mod admin_limits;
+mod alloc_attack;
 mod availability;
 mod bad_input;
 mod batch;

@@ -132,14 +132,16 @@ pub(super) async fn provision(
     }
     if config.subjects.len() > 1 && consumer.cached_info().config.filter_subjects != config.subjects
     {
-        // A server that reports 2.10 or newer and still dropped the filter. The durable is left
-        // as it is (deleting it would lose its position in the stream): not consumed from.
+        // A server that reports 2.10 or newer and dropped the filter, or a durable made for
+        // other subjects. It is left as it is (deleting it would lose its position in the
+        // stream) and not consumed from.
         anyhow::bail!(
-            "consumer {name}: NATS did not apply the {} filter subjects to durable consumer \
-             {durable} on {} (it has {:?}); the host does not consume from it",
-            config.subjects.len(),
+            "consumer {name}: durable consumer {durable} on {} filters {:?}, not the {} configured \
+             subjects; the host does not consume from it. If `subjects` changed since the durable \
+             was made, edit its filter_subjects (nats consumer edit) or use a new consumer name",
             config.stream,
-            consumer.cached_info().config.filter_subjects
+            consumer.cached_info().config.filter_subjects,
+            config.subjects.len(),
         );
     }
     Ok(Provisioned { durable, exhausted })
