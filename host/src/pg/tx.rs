@@ -214,10 +214,10 @@ impl Connections {
     /// pool has none left to give (someone may be waiting for one) or the connection is due
     /// back: then it goes back to the pool.
     fn give_back(&self, mut conn: PoolConnection<Postgres>, since: Instant) {
-        // A plugin's large result or statement grew the connection's buffers to its size, and
-        // they stay that large while the connection lives (kept or pooled): max_in_flight
-        // connections of one consumer held ~16 MiB each after 16 MB values, +256 MiB of RSS at
-        // 16 in flight. Back to the default size (a no-op when they did not grow).
+        // A large statement or result grew the connection's buffers; this returns the write
+        // buffer and the read buffer's spare part to the default size (a no-op when they did
+        // not grow). It does not free the read buffer a large row still shares: such a
+        // connection is closed instead of given back (see GROWN_MESSAGE_BYTES).
         conn.shrink_buffers();
         let exhausted = self.pool.num_idle() == 0
             && self.pool.size() >= self.pool.options().get_max_connections();
