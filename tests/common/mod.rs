@@ -363,6 +363,16 @@ pub fn init_logs() {
 }
 
 /// A TCP port on 127.0.0.1 that nothing listens on right now.
+/// A `kB` field of `/proc/<pid>/status` (`"VmRSS:"`, `"VmHWM:"`), in KiB; `None` when the
+/// process or the field is gone.
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -16,13 +16,7 @@ const UPLOAD: usize = 100 << 20;
 
 /// The resident set of process `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib << 10
+    status_kib(pid, "VmRSS:").unwrap() << 10
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,12 +21,7 @@ use crate::availability::Arena;
 use crate::common::*;
 
 fn rss_kib(pid: u32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    status_kib(pid, key).unwrap_or(0)
 }
 
 fn mib(kib: u64) -> f64 {

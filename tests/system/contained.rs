@@ -44,13 +44,7 @@ const HEALTHY_SCRIPT: &str =
 const FLOOD_SCRIPT: &str = r#"{"steps":[{"log":"flood line","times":200000},{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}]}"#;
 
 fn rss_bytes(child: &Child) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib * 1024
+    status_kib(child.id(), "VmRSS:").unwrap() * 1024
 }
 
 fn consumer_toml(name: &str, nats: &NatsEnv, plugin: &str, extra: &str) -> String {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool, Postgres};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
 
 /// A consumer's connections: the ones it keeps, and the pool for more.
 pub struct Connections {
@@ -213,12 +213,7 @@ impl Connections {
     /// Keeps `conn` for the next transaction, unless this consumer keeps enough already, the
     /// pool has none left to give (someone may be waiting for one) or the connection is due
     /// back: then it goes back to the pool.
-    fn give_back(&self, mut conn: PoolConnection<Postgres>, since: Instant) {
-        // A large statement or result grew the connection's buffers; this returns the write
-        // buffer and the read buffer's spare part to the default size (a no-op when they did
-        // not grow). It does not free the read buffer a large row still shares: such a
-        // connection is closed instead of given back (see GROWN_MESSAGE_BYTES).
-        conn.shrink_buffers();
+    fn give_back(&self, conn: PoolConnection<Postgres>, since: Instant) {
         let exhausted = self.pool.num_idle() == 0
             && self.pool.size() >= self.pool.options().get_max_connections();
         let kept = Kept {
@@ -260,8 +255,8 @@ pub struct Tx {
     /// A statement failed for a reason about the session: closed when the transaction ends.
     session_failed: bool,
     /// A backend message of at least [`GROWN_MESSAGE_BYTES`] came through: the connection's
-    /// read buffer grew to its size and stays that size (sqlx shrinks it only in part), so the
-    /// connection is closed at the end instead of kept or pooled.
+    /// read buffer grew to its size and stays that size (sqlx's `shrink_buffers` did not free
+    /// it, measured), so the connection is closed at the end instead of kept or pooled.
     grown: bool,
     /// How to end the session's backend from outside, once known (see [`Tx::stoppable`]).
     backend: Option<Backend>,

@@ -130,8 +130,8 @@ pub(super) async fn provision(
             format!("consumer {name}: failed to update durable consumer {durable}")
         })?;
     }
-    if config.subjects.len() > 1 && consumer.cached_info().config.filter_subjects != config.subjects
-    {
+    let filters = &consumer.cached_info().config.filter_subjects;
+    if config.subjects.len() > 1 && filters != &config.subjects {
         // A server that reports 2.10 or newer and dropped the filter, or a durable made for
         // other subjects. It is left as it is (deleting it would lose its position in the
         // stream) and not consumed from.
@@ -140,7 +140,7 @@ pub(super) async fn provision(
              subjects; the host does not consume from it. If `subjects` changed since the durable \
              was made, edit its filter_subjects (nats consumer edit) or use a new consumer name",
             config.stream,
-            consumer.cached_info().config.filter_subjects,
+            filters,
             config.subjects.len(),
         );
     }
