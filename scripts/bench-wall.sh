@@ -67,7 +67,13 @@ CLEAR_CALL="SELECT public.idemhost_session_clear(ARRAY['synchronous_commit'], AR
 # after the COMMIT, the check through the view.
 CLEAR_STATEMENTS="RESET ALL\\; DISCARD TEMP\\; CLOSE ALL\\; UNLISTEN *\\; SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statement() AS p WHERE p.from_sql) FROM (SELECT pg_catalog.pg_advisory_unlock_all(), pg_catalog.set_config('synchronous_commit', 'on', true)) AS host"
 OLD_RESET="RESET ALL\\; DISCARD TEMP\\; CLOSE ALL\\; UNLISTEN *\\; SELECT pg_advisory_unlock_all()\\; SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE from_sql)"
-CLAIM="SELECT public.idemhost_claim('$KEY', 'inventory-reservation-v1', 'pgb-' || :client_id || '-' || :i || '-' || random(), 'sha256:bench'), pg_catalog.pg_backend_pid();"
+CLAIM="SELECT public.idemhost_claim('$KEY', 'inventory-reservation-v1', 'pgb-' || :client_id || '-' || :i || '-' || random(), 'sha256:bench'), pg_catalog.pg_backend_pid(), COALESCE(pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text, '') AS xid \\gset"
+# The commit's check that the transaction is still the claim's: inside the clearing (migration
+# 0012), or a statement of its own before it (a schema before 0012), the claim's id written in.
+CLEAR_CHECKING="SELECT public.idemhost_session_clear(ARRAY['synchronous_commit'], ARRAY['on'], false, ':xid')"
+XID_CHECK="SELECT CASE WHEN COALESCE(pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text, '') OPERATOR(pg_catalog.=) ':xid' THEN 0 ELSE ('idemhost: not the claim''s transaction, backend ' OPERATOR(pg_catalog.||) pg_catalog.pg_backend_pid()::pg_catalog.text)::pg_catalog.int4 END"
+# Between two deliveries of a group: the clearing and the group's settings again.
+BETWEEN="SELECT public.idemhost_session_clear(ARRAY['synchronous_commit', 'statement_timeout', 'lock_timeout'], ARRAY['on', '30000', '50'], true)"
 RESERVE="UPDATE inventory SET available = available - 1, reserved = reserved + 1 WHERE sku = 'sku-' || :s AND available >= 1;"
 SEED_CLAIM="INSERT INTO processed_message (consumer_name, message_id) VALUES ('inventory-reservation-v1', 'pgb-' || :client_id || '-' || :i || '-' || random()) ON CONFLICT DO NOTHING RETURNING message_id;"
 VARS=$'\\set i random(1, 1000000000)\n\\set s random(1, 1000)'
@@ -89,7 +95,11 @@ COMMIT;"
 item "host transaction per message (simple protocol)" simple "$BEGIN_SQL;
 $CLAIM
 $RESERVE
-$CLEAR_CALL\\; COMMIT;"
+$CLEAR_CHECKING\\; COMMIT;"
+item "  the claim's check as a statement (schema before 0012)" simple "$BEGIN_SQL;
+$CLAIM
+$RESERVE
+$XID_CHECK\\; $CLEAR_CALL\\; COMMIT;"
 item "  its clearing as statements (schema before 0010)" simple "$BEGIN_SQL;
 $CLAIM
 $RESERVE
@@ -110,6 +120,8 @@ item "statement: SELECT 1 (a round trip)" simple "SELECT 1;"
 item "statement: BEGIN + SET LOCALs, COMMIT" simple "$BEGIN_SQL;
 COMMIT;"
 item "statement: the clearing, one call" simple "$CLEAR_CALL;"
+item "statement: a group's clearing between deliveries, simple protocol" simple "$BETWEEN;"
+item "statement: a group's clearing between deliveries, prepared" prepared "$BETWEEN;"
 item "statement: the clearing as statements" simple "$CLEAR_STATEMENTS;"
 item "statement: the reset before 0010" simple "$OLD_RESET;"
 item "statement: prepared-statement check, the view" simple "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statements WHERE from_sql);"

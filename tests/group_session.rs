@@ -226,38 +226,54 @@ async fn hold_advisory_key(
 /// transaction status the server reports after every statement: the statement that ended the
 /// transaction fails the attempt and closes the session, so nothing after it runs. Found by
 /// review: before, the delivery was acked with its effect and no marker. `ROLLBACK AND CHAIN`
-/// leaves a transaction open (a new one): the commit checks the claim's transaction id.
+/// leaves a transaction open (a new one): the commit checks the claim's transaction id — inside
+/// the session's clearing (migration 0012), and on a schema without that form of it (a host run
+/// with `--no-migrate` on an older schema) with a statement of its own.
 #[tokio::test]
 async fn a_plugin_that_ends_the_transaction_commits_nothing_after_it() {
-    let (env, plugin, c) = ungated("group_ended").await;
-    for (id, end) in [
-        ("rolls-back", "ROLLBACK"),
-        ("commits", "COMMIT"),
-        ("rolls-back-and-chains", "ROLLBACK AND CHAIN"),
-    ] {
-        let steps = serde_json::json!({"steps": [
-            {"execute": end},
-            {"execute": "UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}
-        ]})
-        .to_string();
-        let p = c.process(plugin.as_ref(), &message(id, &steps)).await;
-        // Ended: refused at once (the session reports no transaction). Ended and another
-        // begun: the commit finds another transaction than the claim's and fails.
-        let failed = match end {
-            "ROLLBACK AND CHAIN" => matches!(&p.outcome, Outcome::TerminalFailure(r)
-                if r.contains("not the one the delivery claimed in")),
-            _ => matches!(p.outcome, Outcome::RetryableFailure(_)),
-        };
-        assert!(failed, "{id}: {p:?}");
+    let (env, plugin, mut c) = ungated("group_ended").await;
+    for form in ["the clearing", "a statement"] {
+        if form == "a statement" {
+            env.execute("DROP FUNCTION idemhost_session_clear(text[], text[], boolean, text)")
+                .await;
+            c = env
+                .plugin_claimer(
+                    ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
+                    &["inventory"],
+                )
+                .await;
+        }
+        for (id, end) in [
+            ("rolls-back", "ROLLBACK"),
+            ("commits", "COMMIT"),
+            ("rolls-back-and-chains", "ROLLBACK AND CHAIN"),
+        ] {
+            let id = format!("{id}-{}", form.len());
+            let steps = serde_json::json!({"steps": [
+                {"execute": end},
+                {"execute": "UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}
+            ]})
+            .to_string();
+            let p = c.process(plugin.as_ref(), &message(&id, &steps)).await;
+            // Ended: refused at once (the session reports no transaction). Ended and another
+            // begun: the commit finds another transaction than the claim's and fails.
+            let failed = match end {
+                "ROLLBACK AND CHAIN" => matches!(&p.outcome, Outcome::TerminalFailure(r)
+                    if r.contains("not the one the delivery claimed in")),
+                _ => matches!(p.outcome, Outcome::RetryableFailure(_)),
+            };
+            assert!(failed, "{form}: {id}: {p:?}");
+        }
     }
     assert_eq!(env.reserved("sku-1").await, 0, "no write after the end");
     // The plugin's own COMMIT committed its claim (and nothing after it): a redelivery is a
     // duplicate. The rolled-back claims are gone.
     assert_eq!(
-        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'commits'")
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id LIKE 'commits-%'")
             .await,
         env.markers(CONSUMER).await
     );
+    assert_eq!(env.markers(CONSUMER).await, 2, "one per form");
     env.cleanup().await;
 }
 

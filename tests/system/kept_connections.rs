@@ -42,7 +42,7 @@ async fn a_kept_connection_ages_out_with_the_pools_max_lifetime() {
     while started.elapsed() < Duration::from_millis(3500) {
         let (tx, pid) = begin_pid(&conns).await;
         pids.insert(pid);
-        tx.commit_with("COMMIT").await.unwrap();
+        tx.commit_plain("COMMIT").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
@@ -55,7 +55,7 @@ async fn a_kept_connection_ages_out_with_the_pools_max_lifetime() {
     for _ in 0..20 {
         let (tx, pid) = begin_pid(&forever).await;
         pids.insert(pid);
-        tx.commit_with("COMMIT").await.unwrap();
+        tx.commit_plain("COMMIT").await.unwrap();
     }
     assert_eq!(pids.len(), 1, "{pids:?}");
     env.cleanup().await;
@@ -69,7 +69,7 @@ async fn a_failure_about_the_session_closes_the_kept_connection() {
     let env = TestEnv::new("kept_session").await;
     let conns = kept(&env, None).await;
     let (tx, first) = begin_pid(&conns).await;
-    tx.commit_with("COMMIT").await.unwrap();
+    tx.commit_plain("COMMIT").await.unwrap();
 
     // A statement's failure in the transaction: the connection stays.
     let (mut tx, before) = begin_pid(&conns).await;
@@ -82,7 +82,7 @@ async fn a_failure_about_the_session_closes_the_kept_connection() {
     tx.rollback().await.unwrap();
     assert_eq!(before, first);
     let (tx, same) = begin_pid(&conns).await;
-    tx.commit_with("COMMIT").await.unwrap();
+    tx.commit_plain("COMMIT").await.unwrap();
     assert_eq!(same, first, "a statement's failure keeps the connection");
 
     // A failure about the session, later in the transaction (the claim's path): closed.
@@ -98,16 +98,16 @@ async fn a_failure_about_the_session_closes_the_kept_connection() {
         tx.note_failure(&err);
         tx.rollback().await.unwrap();
         let (tx, after) = begin_pid(&conns).await;
-        tx.commit_with("COMMIT").await.unwrap();
+        tx.commit_plain("COMMIT").await.unwrap();
         assert_ne!(after, before, "after {code} the connection is not kept");
     }
 
     // The begin statements refused: closed.
     let (tx, before) = begin_pid(&conns).await;
-    tx.commit_with("COMMIT").await.unwrap();
+    tx.commit_plain("COMMIT").await.unwrap();
     assert!(conns.begin("BEGIN; SELECT 1/0").await.is_err());
     let (tx, after) = begin_pid(&conns).await;
-    tx.commit_with("COMMIT").await.unwrap();
+    tx.commit_plain("COMMIT").await.unwrap();
     assert_ne!(after, before, "a refused BEGIN closes the connection");
     env.cleanup().await;
 }
@@ -131,7 +131,7 @@ async fn a_connection_to_a_standby_is_not_kept() {
     assert!(in_recovery);
     let conns = Connections::new(pool, 1);
     let (tx, before) = begin_pid(&conns).await;
-    tx.commit_with("COMMIT").await.unwrap();
+    tx.commit_plain("COMMIT").await.unwrap();
     let err = conns
         .begin("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE")
         .await
@@ -143,7 +143,7 @@ async fn a_connection_to_a_standby_is_not_kept() {
         "{err}"
     );
     let (tx, after) = begin_pid(&conns).await;
-    tx.commit_with("COMMIT").await.unwrap();
+    tx.commit_plain("COMMIT").await.unwrap();
     assert_ne!(
         after, before,
         "the connection that met the standby's refusal was closed"
@@ -172,7 +172,7 @@ async fn aborted_commit_fails(conns: &std::sync::Arc<Connections>, wall: &Wall, 
         .await
         .unwrap();
     assert!(sqlx::raw_sql("SELECT 1/0").execute(&mut *tx).await.is_err());
-    let err = tx.commit_with(wall.commit_sql()).await.unwrap_err();
+    let err = tx.commit_plain(wall.commit_sql()).await.unwrap_err();
     assert_eq!(
         err.as_database_error().and_then(|e| e.code()).as_deref(),
         Some("25P02"),
@@ -197,7 +197,7 @@ async fn a_commit_of_an_aborted_transaction_fails() {
         .unwrap();
     assert!(sqlx::raw_sql("SELECT 1/0").execute(&mut *tx).await.is_err());
     assert!(
-        tx.commit_with("COMMIT").await.is_ok(),
+        tx.commit_plain("COMMIT").await.is_ok(),
         "PostgreSQL's behaviour changed"
     );
 
@@ -211,7 +211,7 @@ async fn a_commit_of_an_aborted_transaction_fails() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    tx.commit_with(wall.commit_sql()).await.unwrap();
+    tx.commit_plain(wall.commit_sql()).await.unwrap();
     assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 1);
     env.cleanup().await;
 }
@@ -271,25 +271,38 @@ async fn a_host_that_returned_leaves_no_session_open() {
     env.cleanup().await;
 }
 
-/// The session's clearing as a delivery commits, in both its forms: the call of
-/// `idemhost_session_clear` (migration 0010) and, on a schema migrated before it (a host run
-/// with `--no-migrate`), the statements it replaced. Either way a setting, a temporary table, a
-/// held cursor, a LISTEN and a session advisory lock left by the delivery are gone after its
-/// COMMIT, the effect committed,
-/// and a commit of an aborted transaction fails.
+/// The session's clearing as a delivery commits, in each of its forms: the call of
+/// `idemhost_session_clear` that also checks the claim (migration 0012), the call without that
+/// check (0010) and, on a schema migrated before 0010 (a host run with `--no-migrate`), the
+/// statements it replaced. Either way a setting, a temporary table, a held cursor, a LISTEN and
+/// a session advisory lock left by the delivery are gone after its COMMIT, the effect
+/// committed, and a commit of an aborted transaction fails.
 #[tokio::test]
 async fn both_forms_of_the_clearing_clear_the_session() {
     let env = TestEnv::new("kept_clear").await;
     env.execute("CREATE TABLE effects (id int)").await;
-    for form in ["function", "statements"] {
-        if form == "statements" {
-            env.execute("DROP FUNCTION idemhost_session_clear(text[], text[], boolean)")
-                .await;
+    for form in ["checking", "function", "statements"] {
+        match form {
+            "function" => {
+                env.execute("DROP FUNCTION idemhost_session_clear(text[], text[], boolean, text)")
+                    .await
+            }
+            "statements" => {
+                env.execute("DROP FUNCTION idemhost_session_clear(text[], text[], boolean)")
+                    .await
+            }
+            _ => {}
         }
         let wall = wall(&env).await;
         assert_eq!(
             wall.commit_sql().contains("idemhost_session_clear"),
-            form == "function",
+            form != "statements",
+            "{form}: {}",
+            wall.commit_sql()
+        );
+        assert_eq!(
+            wall.commit_sql().contains(", false, NULL)"),
+            form == "checking",
             "{form}: {}",
             wall.commit_sql()
         );
@@ -311,7 +324,7 @@ async fn both_forms_of_the_clearing_clear_the_session() {
         .execute(&mut *tx)
         .await
         .unwrap();
-        tx.commit_with(wall.commit_sql()).await.unwrap();
+        tx.commit_plain(wall.commit_sql()).await.unwrap();
         // The kept connection again: the same session.
         let (mut tx, _) = conns.begin("BEGIN").await.unwrap();
         let seen: (i32, String, i64, i64, i64, i64) = sqlx::query_as(
@@ -334,6 +347,6 @@ async fn both_forms_of_the_clearing_clear_the_session() {
         );
         aborted_commit_fails(&conns, &wall, form).await;
     }
-    assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 2);
+    assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 3);
     env.cleanup().await;
 }

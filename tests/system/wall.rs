@@ -707,3 +707,81 @@ async fn a_markers_version_row_goes_with_it() {
     );
     env.cleanup().await;
 }
+
+/// The host's functions check the caller's key against a digest written into them (migration
+/// 0013): the right key claims; a wrong one, an empty one, the key with a byte more, the digest
+/// itself and SHA-256(key) (which HMAC would use for a long key) are refused with 42501; the
+/// digest in the catalog is not SHA-256(key); and the key cannot change or go, since the
+/// functions would no longer know it.
+#[tokio::test]
+async fn the_functions_know_the_key_only_by_a_digest_of_their_own() {
+    let env = TestEnv::new("key_digest").await;
+    let key = env.host_key().await;
+    let claim = |given: String, id: &'static str| {
+        let pool = env.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT idemhost_claim($1, 'c', $2, NULL)")
+                .bind(given)
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+        }
+    };
+    assert!(claim(key.clone(), "right").await.unwrap());
+    let sha256_hex = |text: &str| {
+        use sha2::Digest;
+        sha2::Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let body: String = sqlx::query_scalar(
+        "SELECT prosrc FROM pg_proc WHERE oid = 'idemhost_claim(text, text, text, text)'::regprocedure",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    let written = body
+        .split("pg_catalog.decode('")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .expect("the digest in the function's body")
+        .to_string();
+    assert_ne!(written, sha256_hex(&key), "never SHA-256(key) itself");
+    assert!(!body.contains(&key), "the key is not in the body");
+    for wrong in [
+        String::new(),
+        format!("{key}x"),
+        key[..key.len() - 1].to_string(),
+        key.to_uppercase(),
+        written.clone(),
+        sha256_hex(&key),
+    ] {
+        let e = claim(wrong.clone(), "wrong").await.unwrap_err();
+        let code = e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .unwrap_or_default();
+        assert_eq!(code, "42501", "{wrong:?}: {e}");
+    }
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message").await,
+        1
+    );
+    for change in [
+        "UPDATE idemhost_key SET key = 'chosen'",
+        "DELETE FROM idemhost_key",
+        "TRUNCATE idemhost_key",
+    ] {
+        let e = sqlx::raw_sql(sqlx::AssertSqlSafe(change))
+            .execute(&env.pool)
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("the host key cannot change"),
+            "{change}: {e}"
+        );
+    }
+    assert_eq!(env.host_key().await, key);
+    env.cleanup().await;
+}

@@ -297,13 +297,18 @@ fn in_group(failure: AttemptFailure) -> AttemptFailure {
 /// made the transaction read-only — its deliveries then run one by one, each judged alone and
 /// ending with the session reset.
 async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
-    let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(wall.between_sql.clone()))
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(|e| {
-            tx.note_failure(&e);
-            AttemptFailure::db("failed to clear the session between deliveries", &e)
-        })?;
+    // Prepared where it is one statement: its parse and plan cost the server about as much as
+    // the clearing itself (`scripts/bench-wall.sh`).
+    let sql = sqlx::AssertSqlSafe(wall.between_sql.clone());
+    let rows = if wall.between_prepared {
+        sqlx::query(sql).fetch_all(&mut **tx).await
+    } else {
+        sqlx::raw_sql(sql).fetch_all(&mut **tx).await
+    }
+    .map_err(|e| {
+        tx.note_failure(&e);
+        AttemptFailure::db("failed to clear the session between deliveries", &e)
+    })?;
     if crate::pg::last_flag(&rows) {
         return Err(AttemptFailure {
             kind: FailureKind::Retryable,

@@ -245,6 +245,23 @@ pub(crate) fn last_flag(rows: &[PgRow]) -> bool {
 /// read with the claim, checked again at the commit ([`Tx::claimed_in`]).
 pub(crate) const CURRENT_XID: &str = "pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text";
 
+/// A delivery's COMMIT round trip as the wall sends it (see [`Tx::commit_with`]).
+#[derive(Clone, Debug)]
+pub(crate) struct CommitSql {
+    /// The clearing, the host's settings and `COMMIT`, checking nothing.
+    pub(crate) plain: String,
+    /// The same with the claim's transaction id checked by the clearing: the text before and
+    /// after the id's quoted literal. `None` on a schema migrated before 0012.
+    pub(crate) around_claim: Option<(String, String)>,
+}
+
+impl CommitSql {
+    /// The statement as sent when nothing was claimed.
+    pub(crate) fn plain(&self) -> &str {
+        &self.plain
+    }
+}
+
 /// An open transaction. Statements run on it through `&mut *tx` (a [`PgConnection`]).
 pub struct Tx {
     /// `None` once the transaction ended.
@@ -322,35 +339,47 @@ impl Tx {
         self.claimed_in = Some(xid);
     }
 
-    /// Commits with `statement`: `COMMIT`, possibly after the session's clearing and the
-    /// settings the commit depends on (see [`super::Wall`]), in one round trip. After a
-    /// claim, the round trip first fails (22P02, a message naming the cause) unless the
-    /// transaction is still the one the claim ran in: a statement that ended it and began
-    /// another (`ROLLBACK AND CHAIN`, possible only with the SQL gate off) would otherwise
-    /// have the host commit writes without their claim.
-    pub async fn commit_with(self, statement: &str) -> Result<(), sqlx::Error> {
-        match &self.claimed_in {
-            Some(xid) => {
-                let xid = xid.as_deref().unwrap_or("");
-                // The id is the server's own digits; anything else would be a server bug.
-                if !xid.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(sqlx::Error::Protocol(format!(
-                        "unexpected transaction id {xid:?}"
-                    )));
-                }
+    /// Commits with the wall's `commit` statement: `COMMIT`, possibly after the session's
+    /// clearing and the settings the commit depends on (see [`super::Wall`]), in one round
+    /// trip. After a claim, the round trip first fails (22P02, a message naming the cause)
+    /// unless the transaction is still the one the claim ran in: a statement that ended it and
+    /// began another (`ROLLBACK AND CHAIN`, possible only with the SQL gate off) would
+    /// otherwise have the host commit writes without their claim. The clearing checks that
+    /// itself where the schema has its four-argument form (migration 0012); before it, a
+    /// statement of its own does, which the server parses and plans every time.
+    pub(crate) async fn commit_with(self, commit: &CommitSql) -> Result<(), sqlx::Error> {
+        let Some(xid) = &self.claimed_in else {
+            return self.end(&commit.plain).await;
+        };
+        let xid = xid.as_deref().unwrap_or("");
+        // The id is the server's own digits; anything else would be a server bug.
+        if !xid.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(sqlx::Error::Protocol(format!(
+                "unexpected transaction id {xid:?}"
+            )));
+        }
+        let statement = match &commit.around_claim {
+            Some((before, after)) => format!("{before}'{xid}'{after}"),
+            None => {
                 // The failing cast names the cause; `pg_backend_pid()` keeps the planner from
                 // evaluating it before the condition.
-                let check = format!(
+                format!(
                     "SELECT CASE WHEN COALESCE({CURRENT_XID}, '') OPERATOR(pg_catalog.=) '{xid}' \
                      THEN 0 ELSE ('idemhost: the transaction is not the one the delivery \
                      claimed in (a statement ended it), backend ' OPERATOR(pg_catalog.||) \
-                     pg_catalog.pg_backend_pid()::pg_catalog.text)::pg_catalog.int4 END"
-                );
-                let statement = format!("{check}; {statement}");
-                self.end(&statement).await
+                     pg_catalog.pg_backend_pid()::pg_catalog.text)::pg_catalog.int4 END; {}",
+                    commit.plain
+                )
             }
-            None => self.end(statement).await,
-        }
+        };
+        self.end(&statement).await
+    }
+
+    /// Commits with `statement` as it is, whatever was claimed: for transactions outside a
+    /// delivery.
+    #[cfg_attr(not(feature = "test-support"), allow(dead_code))]
+    pub async fn commit_plain(self, statement: &str) -> Result<(), sqlx::Error> {
+        self.end(statement).await
     }
 
     /// Rolls back with `statement` (`ROLLBACK`, then possibly a session reset).

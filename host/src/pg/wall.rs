@@ -22,7 +22,7 @@ pub struct Wall {
     pub(crate) outbox_sql: String,
     /// Sent as every COMMIT: the session cleared, the durability the operator configured
     /// re-asserted after the plugin ran (whatever it set in the transaction), COMMIT.
-    pub(crate) commit_sql: String,
+    pub(crate) commit_sql: super::CommitSql,
     /// Opens a delivery's transaction (see [`Wall::load`]).
     pub(crate) begin_sql: String,
     /// Opens a group-commit transaction: [`Wall::begin_sql`] and the group's `lock_timeout`.
@@ -30,6 +30,9 @@ pub struct Wall {
     /// Run in a group between one delivery's handler and the next one's (see
     /// [`Wall::between_sql`]).
     pub(crate) between_sql: String,
+    /// Whether [`Wall::between_sql`] is one statement (the function's call), which is sent
+    /// prepared: the same text every time, planned once per session.
+    pub(crate) between_prepared: bool,
     /// Rolls a delivery back and resets the session.
     pub(crate) rollback_sql: String,
 }
@@ -66,7 +69,7 @@ impl Wall {
     /// Ends a delivery's transaction: the session cleared, the host's durability set again,
     /// `COMMIT` (see [`SESSION_CLEAR`]).
     pub fn commit_sql(&self) -> &str {
-        &self.commit_sql
+        self.commit_sql.plain()
     }
 }
 
@@ -103,12 +106,31 @@ fn set_local(settings: &[(&str, String)]) -> String {
         .join("; ")
 }
 
+/// Which form of the clearing the schema has (see [`clear_sql`]).
+#[derive(Clone, Copy, PartialEq)]
+enum ClearForm {
+    /// No `idemhost_session_clear` (a schema migrated before 0010): statements.
+    Statements,
+    /// `idemhost_session_clear(text[], text[], boolean)` (0010).
+    Function,
+    /// `idemhost_session_clear(text[], text[], boolean, text)` (0012): it also checks the
+    /// claim's transaction id it is given.
+    Checking,
+}
+
 /// The session's clearing ([`SESSION_CLEAR`]) followed by `settings` set for the rest of the
-/// transaction: one call of `schema.idemhost_session_clear` when the schema has it
-/// (`function`), else the statements. Its row is true when prepared statements are left or,
-/// with `read_only`, the transaction was made read-only.
-fn clear_sql(schema: &str, function: bool, settings: &[(&str, String)], read_only: bool) -> String {
-    if function {
+/// transaction: one call of `schema.idemhost_session_clear` when the schema has it, else the
+/// statements. Its row is true when prepared statements are left or, with `read_only`, the
+/// transaction was made read-only. With `claimed_in` (the checking form only), the call's last
+/// argument is that SQL literal.
+fn clear_sql(
+    schema: &str,
+    form: ClearForm,
+    settings: &[(&str, String)],
+    read_only: bool,
+    claimed_in: Option<&str>,
+) -> String {
+    if form != ClearForm::Statements {
         let array = |values: Vec<String>| {
             if values.is_empty() {
                 "NULL".to_string()
@@ -118,7 +140,14 @@ fn clear_sql(schema: &str, function: bool, settings: &[(&str, String)], read_onl
         };
         let names = array(settings.iter().map(|(n, _)| format!("'{n}'")).collect());
         let values = array(settings.iter().map(|(_, v)| format!("'{v}'")).collect());
-        return format!("SELECT {schema}.idemhost_session_clear({names}, {values}, {read_only})");
+        let check = match (form, claimed_in) {
+            (ClearForm::Checking, Some(literal)) => format!(", {literal}"),
+            (ClearForm::Checking, None) => ", NULL".to_string(),
+            _ => String::new(),
+        };
+        return format!(
+            "SELECT {schema}.idemhost_session_clear({names}, {values}, {read_only}{check})"
+        );
     }
     let set: Vec<String> = std::iter::once("pg_catalog.pg_advisory_unlock_all()".into())
         .chain(
@@ -163,6 +192,9 @@ impl Wall {
             "SELECT current_schema()::text, k.key, current_setting('synchronous_commit'), \
              pg_catalog.to_regprocedure(pg_catalog.format( \
                  '%I.idemhost_session_clear(text[], text[], boolean)', current_schema())) \
+                 IS NOT NULL, \
+             pg_catalog.to_regprocedure(pg_catalog.format( \
+                 '%I.idemhost_session_clear(text[], text[], boolean, text)', current_schema())) \
                  IS NOT NULL \
              FROM idemhost_key k",
         )
@@ -172,23 +204,42 @@ impl Wall {
         let key: String = row.try_get(1)?;
         let synchronous_commit: String = row.try_get(2)?;
         // A schema migrated before 0010 (a host started with `--no-migrate` on it) has no
-        // `idemhost_session_clear`: the same clearing is then sent as statements.
-        let clear_function: bool = row.try_get(3)?;
+        // `idemhost_session_clear`: the same clearing is then sent as statements. Before 0012
+        // it does not check the claim's transaction: a statement of its own does.
+        let form = match (row.try_get::<bool, _>(3)?, row.try_get::<bool, _>(4)?) {
+            (_, true) => ClearForm::Checking,
+            (true, false) => ClearForm::Function,
+            (false, false) => ClearForm::Statements,
+        };
         let s = quote_ident(&schema);
         // The host's settings of a delivery's transaction, as (name, value); a group's adds its
         // lock timeout. `synchronous_commit` is one of a fixed set of words; quoted all the same.
         let durability = ("synchronous_commit", synchronous_commit.replace('\'', "''"));
         let clear = |settings: &[(&str, String)], read_only: bool| {
-            clear_sql(&s, clear_function, settings, read_only)
+            clear_sql(&s, form, settings, read_only, None)
         };
         // The clearing, then the durability the operator configured (`set_config(..., true)` is
         // `SET LOCAL`; `RESET ALL` undid the one of the BEGIN), then COMMIT. An aborted
         // transaction refuses the first statement (25P02), so such a commit fails instead of
         // answering ROLLBACK.
-        let commit_sql = format!(
-            "{}; COMMIT",
-            clear(std::slice::from_ref(&durability), false)
-        );
+        let durable = std::slice::from_ref(&durability);
+        // The claim's id goes where this marker is (the host's own text: never in a setting).
+        const CLAIM: &str = "\u{0}claim\u{0}";
+        let commit_sql = super::CommitSql {
+            plain: format!("{}; COMMIT", clear(durable, false)),
+            // (Were the marker missing, the commit would check with a statement instead.)
+            around_claim: (form == ClearForm::Checking)
+                .then(|| {
+                    format!(
+                        "{}; COMMIT",
+                        clear_sql(&s, form, durable, false, Some(CLAIM))
+                    )
+                })
+                .and_then(|checked| {
+                    let (before, after) = checked.split_once(CLAIM)?;
+                    Some((before.to_string(), after.to_string()))
+                }),
+        };
         let rollback_sql = format!("ROLLBACK; {}", clear(&[], false));
         let mut locals = vec![
             durability,
@@ -220,6 +271,7 @@ impl Wall {
             begin_sql,
             begin_group_sql,
             between_sql,
+            between_prepared: form != ClearForm::Statements,
             rollback_sql,
         })
     }

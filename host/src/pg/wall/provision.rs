@@ -140,11 +140,22 @@ async fn provision_role_once(
             .bind(role)
             .fetch_one(&mut *tx)
             .await?;
-    let functions = format!(
+    let mut functions = format!(
         "{s}.idemhost_claim(text, text, text, text), {s}.idemhost_claim_all(text, text, text[], text), \
          {s}.idemhost_outbox_insert(text, text, text, integer, text, jsonb, bytea), \
          {s}.idemhost_session_clear(text[], text[], boolean)"
     );
+    // The clearing that checks the claim (migration 0012), where the schema has it: a host run
+    // with `--no-migrate` on an older schema clears with the three-argument form.
+    let checking_clear = format!("{s}.idemhost_session_clear(text[], text[], boolean, text)");
+    let has_checking_clear: bool = sqlx::query_scalar("SELECT to_regprocedure($1) IS NOT NULL")
+        .bind(&checking_clear)
+        .fetch_one(&mut *tx)
+        .await?;
+    if has_checking_clear {
+        functions.push_str(", ");
+        functions.push_str(&checking_clear);
+    }
     let mut grants = vec![
         format!("GRANT USAGE ON SCHEMA {s} TO {r}"),
         format!("GRANT EXECUTE ON FUNCTION {functions} TO {r}"),
