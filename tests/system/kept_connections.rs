@@ -301,7 +301,8 @@ async fn both_forms_of_the_clearing_clear_the_session() {
             wall.commit_sql()
         );
         assert_eq!(
-            wall.commit_sql().contains(", false, NULL)"),
+            wall.commit_sql()
+                .contains(", false, NULL::pg_catalog.text)"),
             form == "checking",
             "{form}: {}",
             wall.commit_sql()

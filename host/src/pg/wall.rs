@@ -141,8 +141,9 @@ fn clear_sql(
         let names = array(settings.iter().map(|(n, _)| format!("'{n}'")).collect());
         let values = array(settings.iter().map(|(_, v)| format!("'{v}'")).collect());
         let check = match (form, claimed_in) {
-            (ClearForm::Checking, Some(literal)) => format!(", {literal}"),
-            (ClearForm::Checking, None) => ", NULL".to_string(),
+            // Typed, so no other overload could ever be a candidate for the call.
+            (ClearForm::Checking, Some(literal)) => format!(", {literal}::pg_catalog.text"),
+            (ClearForm::Checking, None) => ", NULL::pg_catalog.text".to_string(),
             _ => String::new(),
         };
         return format!(
