@@ -379,8 +379,9 @@ impl Isolation {
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("failed to read config file {path}: {source}")]
+    /// The file could not be read. (The cause is this error's source: an error chain printed
+    /// with `{:#}` shows it once.)
+    #[error("failed to read config file {path}{}", read_hint(source))]
     Read {
         /// The configuration file.
         path: PathBuf,
@@ -411,6 +412,17 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: String,
     },
+}
+
+/// What to do when the config file cannot be read, after its path.
+fn read_hint(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => {
+            " (no such file: give --config the path of an idemhost.toml; docs/configuration.md shows one)"
+        }
+        std::io::ErrorKind::PermissionDenied => " (the host's user may not read it)",
+        _ => "",
+    }
 }
 
 impl Config {

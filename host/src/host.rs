@@ -67,6 +67,11 @@ impl Host {
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let Host { config, native } = self;
+        info!(
+            version = env!("CARGO_PKG_VERSION"),
+            consumers = config.consumers.len(),
+            "idemhost starting"
+        );
         let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
         if total_in_flight > config.postgres.max_connections {
             tracing::warn!(

@@ -433,6 +433,10 @@ async fn json_logs_carry_the_delivery_fields_not_the_payload() {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|v| v["message"] == "delivery done")
         .unwrap_or_else(|| panic!("no `delivery done` line: {stderr}"));
+    let first: serde_json::Value =
+        serde_json::from_str(stderr.lines().next().unwrap_or("")).unwrap();
+    assert_eq!(first["message"], "idemhost starting", "{stderr}");
+    assert_eq!(first["version"], env!("CARGO_PKG_VERSION"), "{stderr}");
     let span = &done["span"];
     assert_eq!(span["name"], "idemhost.delivery", "{done}");
     assert_eq!(span["consumer"], NAME, "{done}");
@@ -447,6 +451,65 @@ async fn json_logs_carry_the_delivery_fields_not_the_payload() {
             .as_str()
             .is_some_and(|d| d.starts_with("sha256:")),
         "{done}"
+    );
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// Text logs to something that is not a terminal (a file, a pipe, a collector) carry no ANSI
+/// colour codes (they did), and the first line says which version starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_to_a_pipe_are_plain_and_name_the_version() {
+    use std::io::BufRead as _;
+    const NAME: &str = "plain-v1";
+    let env = TestEnv::new("plain_logs").await;
+    let nats = NatsEnv::new("plain_logs", Duration::from_secs(60)).await;
+    let text = config_text(&env, &nats, NAME, "testkit", "");
+    let config = write_config("plain_logs", &text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+        .args([
+            "--log-format",
+            "text",
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("idemhost running") {
+                let _ = tx.send(());
+            }
+            lines.push(line);
+        }
+        lines
+    });
+    let running = rx.recv_timeout(Duration::from_secs(60)).is_ok();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let lines = reader.join().unwrap();
+    let all = lines.join("\n");
+    assert!(running, "never running: {all}");
+    assert!(
+        !all.contains('\u{1b}'),
+        "ANSI codes in a piped log: {all:?}"
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    let named = [
+        format!("version=\"{version}\""),
+        format!("version={version}"),
+    ];
+    assert!(
+        lines[0].contains("idemhost starting") && named.iter().any(|v| lines[0].contains(v)),
+        "{all}"
     );
     nats.cleanup().await;
     env.cleanup().await;

@@ -388,3 +388,14 @@ fn the_reference_documents_every_key() {
         "keys missing from docs/configuration.md: {missing:?}"
     );
 }
+
+/// A config file that is not there: the path, the cause once (it was printed twice: the
+/// message and its source both carried it) and what to do.
+#[test]
+fn a_missing_config_file_says_so_once_and_what_to_do() {
+    let e = Config::load(Path::new("/nonexistent/idemhost.toml")).unwrap_err();
+    let shown = format!("{:#}", anyhow::Error::from(e));
+    assert!(shown.contains("/nonexistent/idemhost.toml"), "{shown}");
+    assert_eq!(shown.matches("os error 2").count(), 1, "{shown}");
+    assert!(shown.contains("give --config"), "{shown}");
+}
