@@ -414,6 +414,138 @@ pub enum ConfigError {
     },
 }
 
+/// The error `e` of a configuration with the file's `text` and `overrides` applied, as the
+/// operator can act on it: when the key it is about was set by an override, and the
+/// configuration without that override does not fail so, the variable is named; otherwise the
+/// file is, with the line and column its own parse points at. An unknown key gets the nearest
+/// known one.
+fn blame(
+    e: &toml::de::Error,
+    text: &str,
+    origin: &Path,
+    overrides: &[(String, String)],
+    without: impl Fn(usize) -> Option<toml::Value>,
+) -> ConfigError {
+    let message = suggest(&one_line(e, text));
+    // serde names the key last: "... in `consumer.handler_timeout`".
+    let key = message
+        .rsplit_once(" in `")
+        .and_then(|(_, k)| k.strip_suffix('`'))
+        .unwrap_or("");
+    let culprit = overrides.iter().enumerate().find(|(i, (var, _))| {
+        let path: Vec<String> = var["IDEMHOST_".len()..]
+            .split("__")
+            .filter(|s| s.parse::<usize>().is_err())
+            .map(str::to_ascii_lowercase)
+            .collect();
+        let path = path.join(".");
+        let about = !key.is_empty() && (key == path || key.starts_with(&format!("{path}.")));
+        about
+            && without(*i).is_some_and(|v| {
+                v.try_into::<Config>()
+                    .err()
+                    .is_none_or(|f| suggest(&one_line(&f, text)) != message)
+            })
+    });
+    if let Some((_, (var, _))) = culprit {
+        return ConfigError::Env {
+            var: var.clone(),
+            message,
+        };
+    }
+    // The file's own mistake: parsed from the text, the error carries its place.
+    let place = match toml::from_str::<Config>(text) {
+        Err(f) => place(&f, text),
+        Ok(_) => None,
+    };
+    let message = match place {
+        Some(place) if !message.contains(" (line ") => format!("{message} ({place})"),
+        _ => message,
+    };
+    ConfigError::Parse {
+        path: origin.to_path_buf(),
+        message,
+    }
+}
+
+/// `message` with the nearest expected key named after an unknown one ("unknown field `x`,
+/// expected one of `a`, `b`" from serde), when one is near enough to be a typo.
+fn suggest(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_string();
+    };
+    let Some((unknown, expected)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let nearest = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|known| (edit_distance(unknown, known), known))
+        .min();
+    match nearest {
+        Some((d, known)) if d <= (unknown.len() / 3).max(1) => {
+            format!("unknown field `{unknown}` (did you mean `{known}`?){expected}")
+        }
+        _ => message.to_string(),
+    }
+}
+
+/// Levenshtein distance between two short keys.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// `IDEMHOST_*` variables that look like configuration overrides but are not read as one: a
+/// section and key joined by one underscore (`IDEMHOST_POSTGRES_URL`) where an override takes
+/// two (`IDEMHOST_POSTGRES__URL`). One warning each, for the host to log.
+pub fn unread_overrides(env: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+    const SECTIONS: &[&str] = &[
+        "nats", "postgres", "host", "admin", "plugins", "metrics", "outbox", "consumer",
+    ];
+    let mut warnings: Vec<String> = env
+        .into_iter()
+        .filter_map(|(var, _)| {
+            let rest = var.strip_prefix("IDEMHOST_")?;
+            if rest.contains("__") {
+                return None;
+            }
+            let lower = rest.to_ascii_lowercase();
+            let section = SECTIONS
+                .iter()
+                .find(|s| lower.strip_prefix(**s).is_some_and(|r| r.starts_with('_')))?;
+            let meant = format!("IDEMHOST_{}__{}", &rest[..section.len()], &rest[section.len() + 1..]);
+            Some(format!(
+                "{var} is not read: an override joins section and key with two underscores ({meant})"
+            ))
+        })
+        .collect();
+    warnings.sort();
+    warnings
+}
+
+/// Where in `text` the error `e` points: "line L, column C".
+fn place(e: &toml::de::Error, text: &str) -> Option<String> {
+    let span = e.span()?;
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    Some(format!("line {line}, column {column}"))
+}
+
 /// What to do when the config file cannot be read, after its path.
 fn read_hint(error: &std::io::Error) -> &'static str {
     match error.kind() {
@@ -448,22 +580,40 @@ impl Config {
             path: origin.to_path_buf(),
             message,
         };
-        let mut table: toml::Table = text
+        let file: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| parse_err(one_line(&e, text)))?;
-        for (var, value) in env {
-            if let Some(path) = var.strip_prefix("IDEMHOST_")
-                && path.contains("__")
-            {
-                apply_override(&mut table, path, &value).map_err(|message| ConfigError::Env {
+        let overrides: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(var, _)| {
+                var.strip_prefix("IDEMHOST_")
+                    .is_some_and(|p| p.contains("__"))
+            })
+            .collect();
+        // The file with every override applied but the one at `skip` (none: all of them).
+        let overridden = |skip: Option<usize>| -> Result<toml::Table, ConfigError> {
+            let mut table = file.clone();
+            let applied = overrides
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != skip);
+            for (_, (var, value)) in applied {
+                let path = &var["IDEMHOST_".len()..];
+                apply_override(&mut table, path, value).map_err(|message| ConfigError::Env {
                     var: var.clone(),
                     message,
                 })?;
             }
-        }
-        let mut config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| parse_err(one_line(&e, text)))?;
+            Ok(table)
+        };
+        let mut config: Config = match toml::Value::Table(overridden(None)?).try_into() {
+            Ok(config) => config,
+            Err(e) => {
+                return Err(blame(&e, text, origin, &overrides, |i| {
+                    overridden(Some(i)).ok().map(toml::Value::Table)
+                }));
+            }
+        };
         for c in &mut config.consumers {
             if let Some(p) = &c.plugin
                 && p.is_relative()
@@ -486,13 +636,8 @@ impl Config {
 /// C`), instead of the multi-line snippet of its `Display`.
 fn one_line(e: &toml::de::Error, text: &str) -> String {
     let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
-    match e.span() {
-        Some(span) => {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-            format!("{message} (line {line}, column {column})")
-        }
+    match place(e, text) {
+        Some(place) => format!("{message} ({place})"),
         None => e
             .to_string()
             .split_whitespace()

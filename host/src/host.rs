@@ -72,6 +72,9 @@ impl Host {
             consumers = config.consumers.len(),
             "idemhost starting"
         );
+        for warning in crate::config::unread_overrides(std::env::vars()) {
+            tracing::warn!("{warning}");
+        }
         let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
         if total_in_flight > config.postgres.max_connections {
             tracing::warn!(

@@ -399,3 +399,74 @@ fn a_missing_config_file_says_so_once_and_what_to_do() {
     assert_eq!(shown.matches("os error 2").count(), 1, "{shown}");
     assert!(shown.contains("give --config"), "{shown}");
 }
+
+/// A bad value from an override names the variable (with the consumer's index), not the file.
+#[test]
+fn a_bad_override_names_its_variable() {
+    let e = parse(SAMPLE, &[("IDEMHOST_CONSUMER__0__HANDLER_TIMEOUT", "5x")]).unwrap_err();
+    match &e {
+        ConfigError::Env { var, message } => {
+            assert_eq!(var, "IDEMHOST_CONSUMER__0__HANDLER_TIMEOUT", "{e}");
+            assert!(message.contains("5x"), "{e}");
+        }
+        other => panic!("the file was blamed: {other}"),
+    }
+    let e = parse(SAMPLE, &[("IDEMHOST_NATS__URL", "[1, 2]")]).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Env { var, .. } if var == "IDEMHOST_NATS__URL"),
+        "{e}"
+    );
+}
+
+/// The file's own mistake names its line, even when overrides fill in other keys; a mistyped
+/// key gets the nearest known one.
+#[test]
+fn a_files_mistake_names_its_line_and_a_typo_its_nearest_key() {
+    let text = SAMPLE.replace(
+        r#"backoff = ["100ms", "1s"]"#,
+        r#"backoff = ["100ms", "1x"]"#,
+    );
+    let text = text.replace(r#"url = "postgres://root@127.0.0.1:5432/test""#, "");
+    let e = parse(
+        &text,
+        &[(
+            "IDEMHOST_POSTGRES__URL",
+            "postgres://root@127.0.0.1:5432/test",
+        )],
+    )
+    .unwrap_err();
+    let shown = e.to_string();
+    assert!(matches!(e, ConfigError::Parse { .. }), "{shown}");
+    assert!(
+        shown.contains("line 14") && shown.contains("consumer.backoff"),
+        "{shown}"
+    );
+    let e = parse(&SAMPLE.replace("memory_limit", "memory_limt"), &[]).unwrap_err();
+    let shown = e.to_string();
+    assert!(shown.contains("did you mean `memory_limit`?"), "{shown}");
+    assert!(shown.contains("line 15"), "{shown}");
+    let e = parse(&SAMPLE.replace("memory_limit", "zzz"), &[]).unwrap_err();
+    assert!(!e.to_string().contains("did you mean"), "{e}");
+}
+
+/// `IDEMHOST_POSTGRES_URL` (one underscore) is not an override: it is named with the spelling
+/// that is; other `IDEMHOST_*` variables (the tests', the bench's) are left alone.
+#[test]
+fn a_variable_with_one_underscore_is_named_not_ignored() {
+    let env = [
+        "IDEMHOST_POSTGRES_URL",
+        "IDEMHOST_CONSUMER_0_MAX_IN_FLIGHT",
+        "IDEMHOST_POSTGRES__URL",
+        "IDEMHOST_TEST_PG_URL",
+        "IDEMHOST_BENCH_NATS_URL",
+        "PATH",
+    ]
+    .map(|v| (v.to_string(), String::new()));
+    let warnings = unread_overrides(env);
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(
+        warnings[0].contains("IDEMHOST_CONSUMER__0_MAX_IN_FLIGHT")
+            && warnings[1].contains("(IDEMHOST_POSTGRES__URL)"),
+        "{warnings:#?}"
+    );
+}
