@@ -107,10 +107,60 @@ pub(crate) async fn connect_following(
         .max_connections(max_connections)
         .acquire_timeout(config.acquire_timeout.0)
         .connect_with(failover.options())
-        .await
-        .map_err(|e| anyhow::anyhow!("failed to connect to PostgreSQL at {shown}: {e}"))?;
+        .await;
+    let pool = match pool {
+        Ok(pool) => pool,
+        Err(e) => {
+            let why = connect_failure(&e, &failover.options()).await;
+            anyhow::bail!("failed to connect to PostgreSQL at {shown}: {why}");
+        }
+    };
     failover.follow(&pool);
     Ok((pool, failover))
+}
+
+/// Why connecting with `options` failed, as an operator can act on it. A pool reports only that
+/// it timed out (it retried until `acquire_timeout`): one more direct attempt names the cause
+/// (refused, unreachable, rejected). A server's error is shown with its SQLSTATE and without the
+/// line of the server's source it came from; the common ones say what to check.
+pub(crate) async fn connect_failure(error: &sqlx::Error, options: &PgConnectOptions) -> String {
+    use sqlx::ConnectOptions as _;
+    let attempt;
+    let error = match error {
+        sqlx::Error::PoolTimedOut => {
+            attempt =
+                tokio::time::timeout(std::time::Duration::from_secs(5), options.connect()).await;
+            match &attempt {
+                Ok(Err(cause)) => cause,
+                Ok(Ok(_)) | Err(_) => {
+                    return format!(
+                        "{error} (no connection within postgres.acquire_timeout; the server answers \
+                         now: it may be starting, or at max_connections)"
+                    );
+                }
+            }
+        }
+        other => other,
+    };
+    let hint = match error {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            " (nothing listens there: is PostgreSQL running, on that host and port?)"
+        }
+        sqlx::Error::Io(_) => " (check the host and port in postgres.url, and the network)",
+        sqlx::Error::Tls(_) => " (TLS: see sslmode in postgres.url)",
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("28000") => {
+                " (the user in postgres.url is not allowed in: a role that does not exist, or no pg_hba.conf entry for it)"
+            }
+            Some("28P01") => " (wrong password for the user in postgres.url)",
+            Some("3D000") => " (create the database, or fix its name in postgres.url)",
+            Some("53300") => " (the server is at max_connections)",
+            Some("57P03") => " (the server is starting up or shutting down; try again)",
+            _ => "",
+        },
+        _ => "",
+    };
+    format!("{}{hint}", describe(error))
 }
 
 /// The host's own migrations (`migrations/`), embedded in the binary. Without sqlx's lock: that
@@ -217,5 +267,21 @@ mod tests {
         assert_eq!(classify_sqlstate("57014"), FailureKind::Retryable);
         assert_eq!(classify_sqlstate("08006"), FailureKind::Retryable);
         assert_eq!(classify_sqlstate("42P01"), FailureKind::Retryable);
+    }
+
+    /// A closed port: the pool's timeout alone said nothing of why; the failure names the
+    /// refusal and what to check.
+    #[tokio::test]
+    async fn a_refused_connection_is_named_not_a_pool_timeout() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let options =
+            connect_options(&format!("postgres://x@127.0.0.1:{port}/x"), None, "t").unwrap();
+        let why = connect_failure(&sqlx::Error::PoolTimedOut, &options).await;
+        assert!(
+            why.contains("refused") && why.contains("is PostgreSQL running"),
+            "{why}"
+        );
     }
 }

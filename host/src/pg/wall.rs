@@ -376,15 +376,19 @@ pub async fn role_pool(
         .pool_options()
         .max_connections(max_connections.max(1))
         .acquire_timeout(postgres.acquire_timeout.0)
-        .connect_with(options)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "failed to connect to PostgreSQL as the plugin role {role}: {e} (the role needs \
+        .connect_with(options.clone())
+        .await;
+    let pool = match pool {
+        Ok(pool) => pool,
+        Err(e) => {
+            let why = super::connect_failure(&e, &options).await;
+            anyhow::bail!(
+                "failed to connect to PostgreSQL as the plugin role {role}: {why} (the role needs \
                  LOGIN and an entry in pg_hba.conf; set consumer.role_password if the server \
                  asks for one)"
-            )
-        })?;
+            );
+        }
+    };
     failover.follow(&pool);
     Ok(pool)
 }
