@@ -321,3 +321,165 @@ async fn a_plugin_cannot_roll_back_past_its_own_savepoint() {
     );
     env.cleanup().await;
 }
+
+/// With the gate off a plugin can deallocate the statements sqlx keeps prepared on its session
+/// and prepare its own under their names: a host statement run by name after that runs the
+/// plugin's SQL with the host's parameters — the host key first. Found by review: the outbox
+/// insert (run while the handler holds the session) and, in a group, the clearing between two
+/// deliveries and the next part's claim. Every host statement that runs after plugin code in a
+/// transaction is now unnamed or simple: the hijack takes nothing, the session it spoilt is
+/// closed, the group's next handler sees no state the first left, and the key is not stolen.
+#[tokio::test]
+async fn a_plugin_cannot_take_over_the_hosts_prepared_statements() {
+    let (env, plugin, _) = ungated("group_hijack").await;
+    let mut settings = ClaimSettings::new(CONSUMER, Isolation::ReadCommitted);
+    settings.publish_subjects = Arc::from(vec![">".to_string()]);
+    let c = env.plugin_claimer(settings, &["inventory"]).await;
+    // Every statement sqlx prepared on this session, replaced: with parameters, by one that
+    // writes its first into `inventory` and answers like a successful claim; without, by one
+    // that answers `false` (as the clearing does when there is nothing it cannot undo).
+    let hijack = "DO $$ DECLARE r record; BEGIN \
+        FOR r IN SELECT name, parameter_types FROM pg_prepared_statements WHERE NOT from_sql LOOP \
+          EXECUTE format('DEALLOCATE %I', r.name); \
+          IF cardinality(r.parameter_types) > 0 THEN \
+            EXECUTE format('PREPARE %I(%s) AS WITH w AS (INSERT INTO inventory VALUES ($1::text, 0, 0)) \
+              SELECT true, pg_backend_pid(), pg_current_xact_id_if_assigned()::text', \
+              r.name, array_to_string(r.parameter_types::text[], ',')); \
+          ELSE \
+            EXECUTE format('PREPARE %I AS SELECT false', r.name); \
+          END IF; \
+        END LOOP; END $$";
+    let publish = serde_json::json!({"publish": "hijack.events", "payload": "{}"});
+    let alone = serde_json::json!({"steps": [
+        publish.clone(),
+        {"execute": hijack},
+        publish,
+        {"execute": "UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}
+    ]})
+    .to_string();
+    let p = c
+        .process(plugin.as_ref(), &message("hijack-alone", &alone))
+        .await;
+    assert_eq!(p.outcome, Outcome::Applied, "{p:?}");
+    // In a group: the hijacker leaves a setting, the next handler records what it sees.
+    let leave = serde_json::json!({"steps": [
+        {"execute": "UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"},
+        {"query": "SELECT set_config('work_mem', '1MB', false)"},
+        {"execute": hijack}
+    ]})
+    .to_string();
+    let record = serde_json::json!({"steps": [{"execute": "UPDATE inventory SET reserved = \
+        reserved + 100 + 1000 * (current_setting('work_mem') = '1MB')::int WHERE sku = 'sku-1'"}]})
+    .to_string();
+    let record = record.as_str();
+    let fails = r#"{"steps":[{"execute":"SELECT 1/0"}]}"#;
+    for (tag, group) in [
+        (
+            "first pass",
+            vec![("g1-leave", leave.as_str()), ("g1-record", record)],
+        ),
+        // A part that fails on its own sends the group round again behind savepoints, where
+        // each part has a claim of its own.
+        (
+            "savepoints",
+            vec![
+                ("g2-leave", leave.as_str()),
+                ("g2-fails", fails),
+                ("g2-record", record),
+            ],
+        ),
+    ] {
+        let messages: Vec<_> = group.iter().map(|(id, steps)| message(id, steps)).collect();
+        let results = c.process_batch(plugin.as_ref(), &messages).await;
+        for ((id, _), p) in group.iter().zip(&results) {
+            let expected = if id.ends_with("fails") {
+                !matches!(p.outcome, Outcome::Applied)
+            } else {
+                p.outcome == Outcome::Applied
+            };
+            assert!(expected, "{tag}: {id}: {p:?}");
+        }
+    }
+    let key = env.host_key().await;
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM inventory WHERE sku = '{key}'"
+        ))
+        .await,
+        0,
+        "the host key was written by the plugin's statement"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM inventory WHERE sku <> 'sku-1'")
+            .await,
+        0,
+        "no hijacked statement ran"
+    );
+    // 1 (alone) + 2 × (1 + 100): each applied once, and no handler saw work_mem = 1MB.
+    assert_eq!(env.reserved("sku-1").await, 203);
+    assert_eq!(
+        env.markers(CONSUMER).await,
+        5,
+        "a marker for each applied delivery"
+    );
+    env.cleanup().await;
+}
+
+/// In a group sent round again behind savepoints (one part failed on its own), a plugin that
+/// ends the transaction and begins another (`ROLLBACK AND CHAIN`, gate off) rolls back the
+/// earlier parts' claims and effects; the next part's claim then runs in the new transaction.
+/// The host kept the last claim's transaction id, so the commit passed and the earlier parts
+/// were reported applied with nothing committed (review). A claim that reports another
+/// transaction than the first one now fails: no delivery is reported applied without its
+/// marker and its effect.
+#[tokio::test]
+async fn a_chained_rollback_in_a_group_reports_nothing_applied_it_undid() {
+    let (env, plugin, c) = ungated("group_chain").await;
+    let write = |n: i64| {
+        serde_json::json!({"steps": [{"execute": format!(
+            "UPDATE inventory SET reserved = reserved + {n} WHERE sku = 'sku-1'"
+        )}]})
+        .to_string()
+    };
+    let chain = serde_json::json!({"steps": [
+        {"execute": "UPDATE inventory SET reserved = reserved + 10 WHERE sku = 'sku-1'"},
+        {"execute": "ROLLBACK AND CHAIN"},
+        {"execute": "UPDATE inventory SET reserved = reserved + 100 WHERE sku = 'sku-1'"}
+    ]})
+    .to_string();
+    let group = [
+        ("c-first", write(1)),
+        (
+            "c-fails",
+            r#"{"steps":[{"execute":"SELECT 1/0"}]}"#.to_string(),
+        ),
+        ("c-chain", chain),
+        ("c-after", write(1000)),
+    ];
+    let messages: Vec<_> = group.iter().map(|(id, steps)| message(id, steps)).collect();
+    let results = c.process_batch(plugin.as_ref(), &messages).await;
+    let mut applied = 0;
+    let mut expected = 0;
+    for ((id, _), p) in group.iter().zip(&results) {
+        if p.outcome == Outcome::Applied {
+            applied += 1;
+            expected += match *id {
+                "c-first" => 1,
+                "c-after" => 1000,
+                other => panic!("{other} applied: {p:?}"),
+            };
+            let marker = env
+                .scalar(&format!(
+                    "SELECT count(*) FROM processed_message WHERE message_id = '{id}'"
+                ))
+                .await;
+            assert_eq!(
+                marker, 1,
+                "{id} reported applied without its marker: {results:?}"
+            );
+        }
+    }
+    assert_eq!(env.markers(CONSUMER).await, applied, "{results:?}");
+    assert_eq!(env.reserved("sku-1").await, expected, "{results:?}");
+    env.cleanup().await;
+}

@@ -368,7 +368,7 @@ impl Claimer {
         }
         let wall = self.wall().await?;
         let mut tx = self.begin(&wall).await?;
-        let claimed = self.claim(&mut tx, &wall, handler, msg, timing).await;
+        let claimed = self.claim(&mut tx, &wall, handler, msg, timing, true).await;
         let (claimed, backend_pid) = match claimed {
             Ok(c) => {
                 tx.stoppable(self.backend(c.1));
@@ -430,6 +430,12 @@ impl Claimer {
     /// Claims `msg`'s marker through the host's function, the consumer, id and plugin version
     /// bound as parameters (never written into the SQL text); whether this transaction now
     /// owns the marker, and the session's backend (to stop it at the deadline).
+    ///
+    /// `cached`: the statement is prepared once per session and kept — only where no plugin
+    /// code ran in this transaction yet (the session's clearing at the end of the last one
+    /// closes a session left with SQL-level prepared statements). After a plugin ran (a group's
+    /// next part) it is sent unnamed: a cached one could have been deallocated and prepared
+    /// again by the plugin as its own, and run with the host key (review, gate off).
     async fn claim(
         &self,
         tx: &mut Tx,
@@ -437,11 +443,13 @@ impl Claimer {
         handler: &dyn Handler,
         msg: &Message,
         timing: &mut Timing,
+        cached: bool,
     ) -> Result<(bool, i32), sqlx::Error> {
         let started = Instant::now();
         let claimed = sqlx::query_as::<_, (bool, i32, Option<String>)>(sqlx::AssertSqlSafe(
             wall.claim_sql.clone(),
         ))
+        .persistent(cached)
         .bind(&wall.key)
         .bind(&self.settings.consumer_name)
         .bind(&msg.id)
@@ -450,7 +458,7 @@ impl Claimer {
         .await;
         timing.claim = started.elapsed();
         let (claimed, pid, xid) = claimed?;
-        tx.claimed_in(xid);
+        tx.claimed_in(xid)?;
         Ok((claimed, pid))
     }
 
@@ -477,7 +485,7 @@ impl Claimer {
         )))
         .fetch_one(&mut **tx)
         .await?;
-        tx.claimed_in(xid);
+        tx.claimed_in(xid)?;
         Ok((claimed.into_iter().flatten().collect(), pid))
     }
 

@@ -138,7 +138,12 @@ pub(crate) async fn insert(
     headers: &[(String, String)],
     payload: &[u8],
 ) -> Result<(), sqlx::Error> {
+    // Unnamed, parsed with its execution in one batch: it runs while the plugin's code holds
+    // the session, and a named (cached) statement could have been deallocated and prepared
+    // again by the plugin as its own (the gate refuses both; behind it, the host key would run
+    // through the plugin's SQL — found by review with the gate off).
     sqlx::query(sqlx::AssertSqlSafe(wall.outbox_sql.clone()))
+        .persistent(false)
         .bind(&wall.key)
         .bind(&origin.consumer)
         .bind(&origin.message_id)

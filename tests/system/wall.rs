@@ -438,6 +438,7 @@ async fn a_role_that_reaches_past_its_grants_is_refused() {
     let tag = db.schema.replace("t_", "");
     let member = format!("m_{tag}");
     let peeker = format!("k_{tag}");
+    let creator = format!("c_{tag}");
     for sql in [
         format!("CREATE ROLE {member} LOGIN IN ROLE root"),
         format!("CREATE ROLE {peeker} LOGIN"),
@@ -445,13 +446,19 @@ async fn a_role_that_reaches_past_its_grants_is_refused() {
             "GRANT SELECT ON {}.processed_message TO {peeker}",
             db.schema
         ),
+        format!("CREATE ROLE {creator} LOGIN"),
+        format!("GRANT CREATE ON SCHEMA {} TO {creator}", db.schema),
     ] {
         run(&db.admin, &sql).await;
     }
+    // A role that may create in the host's schema could add an overload of the host's
+    // functions there, a candidate where the host calls its own (review, found with PUBLIC's
+    // CREATE on `public` of a database upgraded from PostgreSQL 14).
     for (role, why) in [
         ("root", "superuser"),
         (member.as_str(), "member of root"),
         (peeker.as_str(), "privilege on the host's processed_message"),
+        (creator.as_str(), "may create objects in the host's schema"),
     ] {
         let error = start_error(one_consumer(&db, &nats, &format!("role = \"{role}\""))).await;
         assert!(
@@ -460,7 +467,7 @@ async fn a_role_that_reaches_past_its_grants_is_refused() {
         );
     }
     let mut db = db;
-    db.roles.extend([member, peeker]);
+    db.roles.extend([member, peeker, creator]);
     nats.cleanup().await;
     db.cleanup().await;
 }

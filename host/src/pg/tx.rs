@@ -334,9 +334,27 @@ impl Tx {
     }
 
     /// Records the transaction id the claim ran in ([`CURRENT_XID`]): the commit then first
-    /// checks that it is still the same transaction.
-    pub(crate) fn claimed_in(&mut self, xid: Option<String>) {
-        self.claimed_in = Some(xid);
+    /// checks that it is still the same transaction. A later claim in the same transaction (a
+    /// group's next part) must report the id already known: one that differs means a statement
+    /// ended the transaction and began another in between (`ROLLBACK AND CHAIN` with the gate
+    /// off: the earlier parts' claims and effects were rolled back), and fails here — keeping
+    /// the last id instead let the commit pass with those parts reported applied (review).
+    pub(crate) fn claimed_in(&mut self, xid: Option<String>) -> Result<(), sqlx::Error> {
+        match (&self.claimed_in, &xid) {
+            (Some(Some(known)), seen) if seen.as_deref() != Some(known.as_str()) => {
+                self.session_failed = true;
+                Err(sqlx::Error::Protocol(format!(
+                    "idemhost: the transaction is not the one the delivery claimed in (a \
+                     statement ended it): transaction {known}, now {}",
+                    seen.as_deref().unwrap_or("none")
+                )))
+            }
+            (Some(Some(_)), _) => Ok(()),
+            _ => {
+                self.claimed_in = Some(xid);
+                Ok(())
+            }
+        }
     }
 
     /// Commits with the wall's `commit` statement: `COMMIT`, possibly after the session's

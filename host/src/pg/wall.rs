@@ -30,9 +30,6 @@ pub struct Wall {
     /// Run in a group between one delivery's handler and the next one's (see
     /// [`Wall::between_sql`]).
     pub(crate) between_sql: String,
-    /// Whether [`Wall::between_sql`] is one statement (the function's call), which is sent
-    /// prepared: the same text every time, planned once per session.
-    pub(crate) between_prepared: bool,
     /// Rolls a delivery back and resets the session.
     pub(crate) rollback_sql: String,
 }
@@ -131,17 +128,17 @@ fn clear_sql(
     claimed_in: Option<&str>,
 ) -> String {
     if form != ClearForm::Statements {
+        // Every argument typed, so that no other overload could ever be a candidate for the call.
         let array = |values: Vec<String>| {
             if values.is_empty() {
-                "NULL".to_string()
+                "NULL::pg_catalog.text[]".to_string()
             } else {
-                format!("ARRAY[{}]", values.join(", "))
+                format!("ARRAY[{}]::pg_catalog.text[]", values.join(", "))
             }
         };
         let names = array(settings.iter().map(|(n, _)| format!("'{n}'")).collect());
         let values = array(settings.iter().map(|(_, v)| format!("'{v}'")).collect());
         let check = match (form, claimed_in) {
-            // Typed, so no other overload could ever be a candidate for the call.
             (ClearForm::Checking, Some(literal)) => format!(", {literal}::pg_catalog.text"),
             (ClearForm::Checking, None) => ", NULL::pg_catalog.text".to_string(),
             _ => String::new(),
@@ -272,7 +269,6 @@ impl Wall {
             begin_sql,
             begin_group_sql,
             between_sql,
-            between_prepared: form != ClearForm::Statements,
             rollback_sql,
         })
     }

@@ -380,5 +380,24 @@ async fn unsafe_reason(
     if authorize {
         return Ok(Some("it may execute idemhost_authorize".into()));
     }
+    // A function it created in the host's schema could be a candidate where the host calls its
+    // own there (an overload, one with a defaulted argument more): run as whoever calls it, or
+    // make every call ambiguous (review: a database upgraded from PostgreSQL 14 or older keeps
+    // CREATE on `public` for PUBLIC).
+    let (schema, create, public): (String, bool, bool) = sqlx::query_as(
+        "SELECT current_schema()::text, has_schema_privilege($1, current_schema(), 'CREATE'), \
+                (SELECT COALESCE(bool_or(a.grantee = 0), false) FROM pg_namespace n, aclexplode(n.nspacl) a \
+                 WHERE n.nspname = current_schema() AND a.privilege_type = 'CREATE')",
+    )
+    .bind(role)
+    .fetch_one(&mut *conn)
+    .await?;
+    if create {
+        let who = if public { "PUBLIC" } else { role };
+        return Ok(Some(format!(
+            "it may create objects in the host's schema {schema} (run: REVOKE CREATE ON SCHEMA {} FROM {who})",
+            quote_ident(&schema)
+        )));
+    }
     Ok(None)
 }
