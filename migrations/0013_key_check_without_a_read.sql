@@ -48,6 +48,10 @@ BEGIN
         'FOR EACH ROW EXECUTE FUNCTION %1$I.idemhost_key_is_fixed()', s);
     EXECUTE format('CREATE TRIGGER idemhost_key_is_not_truncated BEFORE TRUNCATE ON %1$I.idemhost_key '
         'FOR EACH STATEMENT EXECUTE FUNCTION %1$I.idemhost_key_is_fixed()', s);
+    -- Also where triggers are off (`session_replication_role = replica`: logical replication's
+    -- apply, a restore that disables triggers).
+    EXECUTE format('ALTER TABLE %1$I.idemhost_key ENABLE ALWAYS TRIGGER idemhost_key_is_fixed', s);
+    EXECUTE format('ALTER TABLE %1$I.idemhost_key ENABLE ALWAYS TRIGGER idemhost_key_is_not_truncated', s);
 
     -- The claim of one message (0010's, with the key checked against its digest).
     EXECUTE format($f$
