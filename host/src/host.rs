@@ -75,6 +75,7 @@ impl Host {
         for warning in crate::config::unread_overrides(std::env::vars()) {
             tracing::warn!("{warning}");
         }
+        plugin_files_readable(&config, &native)?;
         let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
         if total_in_flight > config.postgres.max_connections {
             tracing::warn!(
@@ -206,6 +207,33 @@ async fn serve(
     // Flush acks still buffered in the client before the process exits.
     if let Err(e) = client.flush().await {
         tracing::warn!(error = %e, "failed to flush NATS connection");
+    }
+    Ok(())
+}
+
+/// Every consumer's plugin file can be read, checked before anything connects: a missing one
+/// was found only after the migrations ran and NATS connected. With a plugin store the store's
+/// version comes first, and the file is read only where it has none: not checked here.
+fn plugin_files_readable(
+    config: &Config,
+    native: &HashMap<String, Arc<dyn Handler>>,
+) -> anyhow::Result<()> {
+    if config.plugins.store.is_some() {
+        return Ok(());
+    }
+    for c in &config.consumers {
+        if let Some(path) = &c.plugin
+            && !native.contains_key(&c.name)
+        {
+            std::fs::File::open(path).with_context(|| {
+                format!(
+                    "consumer {}: cannot read its plugin {} (nothing was changed on the servers: \
+                     build it, or fix `plugin` in the config)",
+                    c.name,
+                    path.display()
+                )
+            })?;
+        }
     }
     Ok(())
 }

@@ -514,3 +514,33 @@ async fn text_logs_to_a_pipe_are_plain_and_name_the_version() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// A consumer whose plugin file is missing is refused before anything connects: the schema is
+/// not created or migrated, no stream is made. Before, the file was read only after the
+/// migrations ran and NATS connected.
+#[tokio::test]
+async fn a_missing_plugin_file_is_refused_before_the_servers_are_touched() {
+    let schema = format!("t_{}", unique("no_plugin"));
+    let stream = format!("NOPLUGIN_{}", unique("s").to_uppercase());
+    let text = format!(
+        "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n\
+         [[consumer]]\nname = \"absent-v1\"\nstream = \"{stream}\"\nsubjects = [\"{}.x\"]\n\
+         create_stream = true\nplugin = \"/nonexistent/absent.wasm\"\n",
+        stream.to_lowercase()
+    );
+    let error = start_error(parse_config(&text)).await;
+    assert!(
+        error.contains("absent-v1") && error.contains("/nonexistent/absent.wasm"),
+        "{error}"
+    );
+    let pool = schema_pool(&PG_URL, "public", 1).await;
+    let created: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(&schema)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(!created, "the schema was created before the refusal");
+    let js = async_nats::jetstream::new(async_nats::connect(NATS_URL.get()).await.unwrap());
+    assert!(js.get_stream(&stream).await.is_err(), "the stream was made");
+}
