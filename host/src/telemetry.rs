@@ -14,8 +14,12 @@ pub fn init_tracing_at(format: Option<LogFormat>, default_filter: &str) {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // The server's notices to the host's own sessions ("relation … already exists, skipping"
+    // at every start's migrations) only at `RUST_LOG=sqlx::postgres::notice=info`; its
+    // warnings still show.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{default_filter},sqlx::postgres::notice=warn"))
+    });
     // Colours only for a terminal: a file, a pipe or a log collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -51,25 +55,29 @@ pub fn shutdown_tracing() {
     crate::otel::shutdown();
 }
 
-/// Resolves on SIGINT or SIGTERM (also as PID 1 in a container: tokio installs real handlers).
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGINT or SIGTERM (also as PID 1 in a container: tokio installs real handlers),
+/// from the moment it is called (inside the tokio runtime), not from its first poll.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
+    // The handlers are installed now, not when the future is first polled: a SIGTERM between
+    // "idemhost running" and that first poll killed the process outright (exit by the signal,
+    // no drain), found by a test that stops the host as soon as it runs.
     #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
+    let signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        if let (Ok(mut int), Ok(mut term)) = signals {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
+            return;
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
