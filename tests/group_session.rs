@@ -483,3 +483,36 @@ async fn a_chained_rollback_in_a_group_reports_nothing_applied_it_undid() {
     assert_eq!(env.reserved("sku-1").await, expected, "{results:?}");
     env.cleanup().await;
 }
+
+/// With the gate off a plugin can `DEALLOCATE ALL`: the statements the driver prepared on its
+/// session are gone while the driver still counts on them, and every later claim on that kept
+/// connection failed (26000) until it aged out — good messages of the consumer burnt attempts
+/// and could be dead-lettered. Such a failure now closes the connection: only the next
+/// delivery on it fails once, and every message applies.
+#[tokio::test]
+async fn a_deallocated_session_is_closed_not_kept() {
+    let (env, plugin, c) = ungated("group_dealloc").await;
+    let drop_all = r#"{"steps":[{"execute":"DEALLOCATE ALL"},{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}]}"#;
+    let write = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 10 WHERE sku = 'sku-1'"}]}"#;
+    let first = c
+        .process(plugin.as_ref(), &message("d-first", drop_all))
+        .await;
+    assert_eq!(first.outcome, Outcome::Applied, "{first:?}");
+    let mut failed = 0;
+    for i in 0..6 {
+        let id = format!("d-{i}");
+        let p = c.process(plugin.as_ref(), &message(&id, write)).await;
+        if p.outcome != Outcome::Applied {
+            failed += 1;
+            let again = c.process(plugin.as_ref(), &message(&id, write)).await;
+            assert_eq!(again.outcome, Outcome::Applied, "{id} again: {again:?}");
+        }
+    }
+    assert!(
+        failed <= 1,
+        "{failed} deliveries failed on the spoilt connection"
+    );
+    assert_eq!(env.reserved("sku-1").await, 61);
+    assert_eq!(env.markers(CONSUMER).await, 7);
+    env.cleanup().await;
+}

@@ -61,7 +61,9 @@ struct Kept {
 /// closed, not kept. Connection exceptions (class 08), the server shutting down or the
 /// database going away (57P01–57P04), a read-only transaction where the host writes (25006: a
 /// server that became read-only behind a proxy), and 55000 (object not in prerequisite state: what the host's
-/// functions raise for a session whose `client_encoding` is not UTF-8).
+/// functions raise for a session whose `client_encoding` is not UTF-8), and 26000 (a statement
+/// the driver prepared is gone: a plugin's `DEALLOCATE ALL`, gate off, failed every later
+/// claim on that connection).
 pub fn session_failed(error: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = error else {
         return false;
@@ -71,7 +73,7 @@ pub fn session_failed(error: &sqlx::Error) -> bool {
     code.starts_with("08")
         || matches!(
             code,
-            "57P01" | "57P02" | "57P03" | "57P04" | "25006" | "55000"
+            "57P01" | "57P02" | "57P03" | "57P04" | "25006" | "55000" | "26000"
         )
 }
 
