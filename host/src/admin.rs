@@ -136,22 +136,53 @@ pub(crate) async fn serve(
     config: &AdminConfig,
     readiness: Readiness,
 ) -> anyhow::Result<AdminServer> {
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("failed to bind admin.listen {listen}"))?;
     let settings = Settings {
         token: config.token.as_deref().map(Arc::from),
         max_upload: config.max_upload.0,
     };
-    info!(
-        listen,
-        deploys = settings.token.is_some(),
-        "admin endpoint listening"
-    );
+    let deploys = settings.token.is_some();
     let app = router(AppState {
         readiness,
         settings,
     });
+    let server = serve_router("admin.listen", listen, config, app).await?;
+    info!(listen, deploys, "admin endpoint listening");
+    Ok(server)
+}
+
+/// Binds `[metrics] listen`: `GET /metrics` and `GET /healthz` only (no deploys, no plugin
+/// list), under the same connection limits as the admin endpoint.
+pub(crate) async fn serve_metrics(
+    listen: &str,
+    config: &AdminConfig,
+    readiness: Readiness,
+) -> anyhow::Result<AdminServer> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { text(StatusCode::NOT_FOUND, "not found") })
+        .with_state(AppState {
+            readiness,
+            settings: Settings {
+                token: None,
+                max_upload: 0,
+            },
+        });
+    let server = serve_router("metrics.listen", listen, config, app).await?;
+    info!(listen, "metrics endpoint listening");
+    Ok(server)
+}
+
+/// Binds `listen` (an error names `key`) and serves `app` on it until dropped.
+async fn serve_router(
+    key: &str,
+    listen: &str,
+    config: &AdminConfig,
+    app: Router,
+) -> anyhow::Result<AdminServer> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("failed to bind {key} {listen}"))?;
     let deadline = config.request_timeout.0;
     let connections = Arc::new(Semaphore::new(config.max_connections.max(1) as usize));
     Ok(AdminServer(tokio::spawn(async move {

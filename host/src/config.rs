@@ -184,10 +184,16 @@ impl Default for PluginsConfig {
     }
 }
 
-/// Sampling intervals of the metrics that need a query.
+/// Where `/metrics` is served besides the admin endpoint, and the sampling intervals of the
+/// metrics that need a query.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
+    /// A listener of its own for `GET /metrics` (and `/healthz`), e.g. `0.0.0.0:9465`: scrape
+    /// there and keep `admin.listen`, which can deploy plugins, on a private address. The
+    /// admin endpoint serves `/metrics` too. Absent: no separate listener.
+    #[serde(default)]
+    pub listen: Option<String>,
     /// How often each consumer's JetStream state (pending, ack-pending, oldest unacknowledged
     /// message) is read: one consumer-info request and one message-header lookup per consumer.
     /// `"0s"` disables it.
@@ -203,6 +209,7 @@ pub struct MetricsConfig {
 impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig {
+            listen: None,
             consumer_interval: d_15s(),
             marker_interval: d_60s(),
         }
@@ -286,6 +293,10 @@ pub struct HostConfig {
     /// that cannot be created (a read-only root filesystem) plugins are compiled in memory.
     #[serde(default)]
     pub compile_cache: Option<PathBuf>,
+    /// The compile cache's bound: past it, the artifacts used least recently are removed (an
+    /// interpreter-sized plugin compiles to ~35 MB).
+    #[serde(default = "default_compile_cache_max")]
+    pub compile_cache_max: ByteSize,
     /// Debugging aid: log each delivery's payload size and sha256 (never the payload itself).
     #[serde(default)]
     pub log_payload_digest: bool,
@@ -347,6 +358,7 @@ impl Default for HostConfig {
             shutdown_timeout: d_30s(),
             log_format: None,
             compile_cache: None,
+            compile_cache_max: default_compile_cache_max(),
             log_payload_digest: false,
         }
     }

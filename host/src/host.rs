@@ -91,6 +91,12 @@ impl Host {
             Some(listen) => Some(admin::serve(listen, &config.admin, readiness.clone()).await?),
             None => None,
         };
+        let _metrics_endpoint = match &config.metrics.listen {
+            Some(listen) => {
+                Some(admin::serve_metrics(listen, &config.admin, readiness.clone()).await?)
+            }
+            None => None,
+        };
         let (pool, failover) =
             pg::connect_following(&config.postgres, config.postgres.max_connections).await?;
         let _watcher = failover.spawn_watch(config.postgres.failover_check_interval.0);
@@ -136,6 +142,8 @@ async fn serve(
 ) -> anyhow::Result<()> {
     if options.migrate {
         pg::migrate(pool, config.postgres.schema.as_deref()).await?;
+    } else {
+        pg::check_migrated(pool).await?;
     }
     let runtime = plugin_runtime(config, native, total_in_flight)?;
     let nats_url = pg::redact_urls(&config.nats.url);
@@ -269,6 +277,7 @@ fn plugin_runtime(
         if let Err(reason) = rt.set_compile_cache(Some(&dir)) {
             tracing::warn!(%reason, "compile cache disabled");
         }
+        rt.set_compile_cache_max(config.host.compile_cache_max.0);
     }
     Ok(Some(Arc::new(rt)))
 }

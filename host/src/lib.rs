@@ -70,7 +70,10 @@ pub use handler::{HandleFuture, Handler, HandlerError, Message, PluginTimings};
 pub use host::{Host, RunOptions};
 pub use outcome::{Outcome, Processed, Rollback};
 pub use pg::migrate;
-pub use plugin::{LoadInfo, PluginError, PluginLimits, PluginRuntime, PoolSizing, WasmHandler};
+pub use plugin::{
+    DEFAULT_COMPILE_CACHE_MAX, LoadInfo, PluginError, PluginLimits, PluginRuntime, PoolSizing,
+    WasmHandler,
+};
 pub use sql_gate::SqlValue;
 pub use tx_handle::{TxError, TxHandle};
 

@@ -2,7 +2,12 @@
 //! what each delivery became and what it took, recorded by the pull loop as deliveries settle;
 //! the broker's view of each consumer and the marker table's growth, sampled on an interval
 //! (`ops::sample`); the plugin versions and their instantiation times, read from the registry
-//! at scrape time (`registry::PluginCollector`).
+//! at scrape time (`registry::PluginCollector`); the process's own figures (`process_*`, read
+//! from `/proc` at scrape time, [`process`]) and `idemhost_build_info`.
+//!
+//! Every series a consumer will have is created, at zero, when it is bound: a counter that has
+//! not counted yet reads 0, not "absent" (which `rate()` and alerts cannot tell from a host
+//! that is down). The sampled gauges appear with their first sample, taken at start.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
@@ -15,9 +20,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::outcome::{Processed, Rollback};
+
+mod process;
 
 /// A claim slower than this counts in `idemhost_slow_claims_total`: it waited on a competing
 /// delivery of the same message id (or on a busy database).
@@ -50,6 +58,29 @@ fn seconds_histogram() -> Histogram {
     // 250 µs to ~16 s.
     Histogram::new(exponential_buckets(0.000_25, 2.0, 17))
 }
+
+/// The bounds of the ages a backlog or a backoff can reach (end to end, the outbox's lag):
+/// the octaves of [`seconds_histogram`], then 30 s to a day.
+pub(crate) const AGE_BUCKETS_PAST_OCTAVES: [f64; 10] = [
+    30.0, 60.0, 120.0, 300.0, 600.0, 1_800.0, 3_600.0, 7_200.0, 21_600.0, 86_400.0,
+];
+
+fn age_histogram() -> Histogram {
+    Histogram::new(
+        exponential_buckets(0.000_25, 2.0, 17).chain(AGE_BUCKETS_PAST_OCTAVES.iter().copied()),
+    )
+}
+
+/// Every outcome label a delivery can settle with ([`crate::outcome::Outcome::label`]).
+const OUTCOMES: [&str; 4] = [
+    "applied",
+    "duplicate",
+    "retryable_failure",
+    "terminal_failure",
+];
+
+/// The samplers of `idemhost_sample_errors_total` (`ops::sample`).
+const SAMPLERS: [&str; 2] = ["consumer", "markers"];
 
 type Seconds = Family<ConsumerLabels, Histogram, fn() -> Histogram>;
 type SecondsGauge = Family<ConsumerLabels, Gauge<f64, AtomicU64>>;
@@ -103,12 +134,13 @@ impl Metrics {
     /// Every metric, registered under the `idemhost_` prefix.
     pub fn new() -> Self {
         let seconds = || Seconds::new_with_constructor(seconds_histogram as fn() -> Histogram);
+        let ages = || Seconds::new_with_constructor(age_histogram as fn() -> Histogram);
         let m = Metrics {
             deliveries: Family::default(),
             transaction: seconds(),
             claim: seconds(),
             handler: seconds(),
-            end_to_end: seconds(),
+            end_to_end: ages(),
             slow_claims: Family::default(),
             tx_retries: Family::default(),
             rollbacks: Family::default(),
@@ -125,14 +157,26 @@ impl Metrics {
             sample_errors: Family::default(),
             outbox_published: Family::default(),
             outbox_errors: Family::default(),
-            outbox_lag: seconds(),
+            outbox_lag: ages(),
             outbox_oldest: Gauge::default(),
             outbox_set_aside: Gauge::default(),
             outbox_passes: Counter::default(),
             plugins: Arc::new(Late::default()),
             registry: Registry::default(),
         };
-        let mut r = Registry::with_prefix("idemhost");
+        for sampler in SAMPLERS {
+            let _ = m.sample_errors.get_or_create(&SamplerLabels {
+                sampler: sampler.to_string(),
+            });
+        }
+        let mut root = Registry::default();
+        root.register_collector(Box::new(process::ProcessCollector));
+        let r = root.sub_registry_with_prefix("idemhost");
+        r.register(
+            "build",
+            "The running build: version, target, profile",
+            build_info(),
+        );
         r.register(
             "deliveries",
             "Deliveries settled, by outcome: applied, duplicate, retryable_failure, terminal_failure",
@@ -264,7 +308,10 @@ impl Metrics {
             m.outbox_passes.clone(),
         );
         r.register_collector(Box::new(m.plugins.clone()));
-        Metrics { registry: r, ..m }
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// The collector of the plugins' versions and instantiation times `/metrics` shows (set
@@ -286,6 +333,20 @@ impl Metrics {
                 reason: r.label().to_string(),
             })
         });
+        // At zero from the start: the event types it will count (the configured ones, or
+        // `other` for the first), and the outbox events its handler may publish.
+        for event_type in event_types.known() {
+            for outcome in OUTCOMES {
+                let _ = self.deliveries.get_or_create(&DeliveryLabels {
+                    consumer: consumer.to_string(),
+                    event_type: event_type.clone(),
+                    outcome: outcome.to_string(),
+                });
+            }
+        }
+        let _ = self.outbox_published.get_or_create(&labels);
+        let _ = self.outbox_errors.get_or_create(&labels);
+        let _ = self.outbox_lag.get_or_create(&labels);
         ConsumerMetrics {
             consumer: consumer.to_string(),
             event_types,
@@ -404,6 +465,36 @@ impl Metrics {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    target: String,
+    profile: String,
+}
+
+/// `idemhost_build_info`: one series, value 1.
+fn build_info() -> Info<BuildLabels> {
+    Info::new(BuildLabels {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        target: format!(
+            "{}-{}-{}",
+            std::env::consts::ARCH,
+            std::env::consts::OS,
+            if cfg!(target_env = "musl") {
+                "musl"
+            } else {
+                "gnu"
+            }
+        ),
+        profile: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+        .to_string(),
+    })
+}
+
 /// One consumer's metrics (clones share the process's series).
 pub struct ConsumerMetrics {
     consumer: String,
@@ -499,6 +590,19 @@ impl EventTypeLabels {
             allowed: (!allowed.is_empty()).then(|| allowed.iter().cloned().collect()),
             max,
             seen: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The label values known before any delivery: the configured ones, else `other`.
+    fn known(&self) -> Vec<String> {
+        match &self.allowed {
+            Some(allowed) => {
+                let mut known: Vec<String> = allowed.iter().cloned().collect();
+                known.sort();
+                known.push(OTHER_EVENT_TYPE.to_string());
+                known
+            }
+            None => vec![OTHER_EVENT_TYPE.to_string()],
         }
     }
 

@@ -229,6 +229,37 @@ pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// For `--no-migrate`: refuses a schema that lacks one of this binary's migrations (it would
+/// fail later, on a function or a column that is not there) and names what to run.
+pub(crate) async fn check_migrated(pool: &PgPool) -> anyhow::Result<()> {
+    let applied: Vec<i64> = match sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT version FROM {} WHERE success",
+        wall::quote_ident(&MIGRATOR.table_name)
+    )))
+    .fetch_all(pool)
+    .await
+    {
+        Ok(applied) => applied,
+        // Never migrated: no migrations table in the schema.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
+        Err(e) => anyhow::bail!("failed to read the applied migrations: {}", describe(&e)),
+    };
+    let missing: Vec<String> = MIGRATOR
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .map(|m| format!("{:04} {}", m.version, m.description))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "the schema lacks {} of this host's migrations ({}); with --no-migrate the host does not \
+         apply them: run `idemhost migrate --config …` first (docs/upgrading.md)",
+        missing.len(),
+        missing.join(", ")
+    )
+}
+
 /// Creates the migrations table if missing and takes the host's migration lock on it, in a
 /// transaction on a connection of its own — not one of the pool's, which may hold a single
 /// connection the migrator needs (`idemhost migrate`). The lock is held until that transaction

@@ -5,6 +5,7 @@
 //! side of the world's imports) and `cache` (compiled components on disk, keyed by digest).
 
 mod cache;
+pub use cache::DEFAULT_MAX_BYTES as DEFAULT_COMPILE_CACHE_MAX;
 mod imports;
 mod precheck;
 pub(crate) mod world;
@@ -213,6 +214,14 @@ impl PluginRuntime {
             None => None,
         };
         Ok(())
+    }
+
+    /// Bounds the compile cache's artifacts to `max_bytes` in total (default
+    /// [`DEFAULT_COMPILE_CACHE_MAX`]), evicting the least recently used past it.
+    pub fn set_compile_cache_max(&mut self, max_bytes: u64) {
+        if let Some(cache) = &mut self.cache {
+            cache.set_max_bytes(max_bytes);
+        }
     }
 
     /// The compile cache directory in use, if any.

@@ -46,6 +46,7 @@ mod plugin_load;
 mod replicas;
 mod scripts;
 mod seed;
+mod shipped;
 /// Needs the `failpoints` feature: one set-up switches the SQL gate off in the host it runs.
 #[cfg(feature = "failpoints")]
 mod wall;

@@ -549,3 +549,79 @@ async fn a_missing_plugin_file_is_refused_before_the_servers_are_touched() {
     let js = async_nats::jetstream::new(async_nats::connect(NATS_URL.get()).await.unwrap());
     assert!(js.get_stream(&stream).await.is_err(), "the stream was made");
 }
+
+/// `--no-migrate` against a schema that lacks some of the host's migrations is refused at
+/// start, naming them and what to run; before, the host ran and failed later, per delivery, on
+/// a function or column that was not there. Nothing is applied and no stream is made.
+#[tokio::test]
+async fn no_migrate_refuses_a_schema_behind_the_binary() {
+    let env = TestEnv::new("behind").await;
+    env.execute("DELETE FROM _sqlx_migrations WHERE version >= 12")
+        .await;
+    let stream = format!("BEHIND_{}", unique("s").to_uppercase());
+    let text = format!(
+        "[nats]\nurl = \"{NATS_URL}\"\n{}\n[[consumer]]\nname = \"behind-v1\"\nstream = \"{stream}\"\n\
+         subjects = [\"{}.x\"]\ncreate_stream = true\nplugin = \"{}\"\n",
+        env.postgres_toml(),
+        stream.to_lowercase(),
+        plugin_path("testkit").display()
+    );
+    let run = idemhost::Host::new(parse_config(&text)).run(
+        idemhost::RunOptions { migrate: false },
+        std::future::pending::<()>(),
+    );
+    let error = match tokio::time::timeout(Duration::from_secs(60), run).await {
+        Ok(Err(e)) => format!("{e:#}"),
+        other => panic!("the host started: {other:?}"),
+    };
+    assert!(
+        error.contains("0012 clear checks the claim")
+            && error.contains("0013 key check without a read")
+            && error.contains("idemhost migrate"),
+        "{error}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM _sqlx_migrations WHERE version >= 12")
+            .await,
+        0
+    );
+    let js = async_nats::jetstream::new(async_nats::connect(NATS_URL.get()).await.unwrap());
+    assert!(js.get_stream(&stream).await.is_err(), "the stream was made");
+    env.cleanup().await;
+}
+
+/// A table in `tables` that does not exist is reported as that, before anything is created:
+/// it was "the plugin's role is not ready", followed by the fourteen statements that create
+/// and grant a role (`plugin test` printed them too). No role is left behind.
+#[tokio::test]
+async fn a_missing_table_is_named_not_blamed_on_the_role() {
+    let env = TestEnv::new("no_table").await;
+    let nats = NatsEnv::new("no_table", Duration::from_secs(1)).await;
+    let consumer = "missing-table-v1";
+    let config = config(
+        &env,
+        &nats,
+        consumer,
+        "testkit",
+        "tables = [\"inventory\", \"no_such_table\"]",
+    );
+    let error = start_error(config).await;
+    assert!(
+        error.contains("names a table that does not exist")
+            && error.contains("\"no_such_table\"")
+            && !error.contains("CREATE ROLE")
+            && !error.contains("not ready"),
+        "{error}"
+    );
+    let role = env.plugin_role(consumer);
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM pg_roles WHERE rolname = '{role}'"
+        ))
+        .await,
+        0,
+        "the role was created before the refusal"
+    );
+    nats.cleanup().await;
+    env.cleanup().await;
+}

@@ -120,6 +120,77 @@ fn second_load_comes_from_the_compile_cache() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The cache is bounded: past `host.compile_cache_max` the artifact used least recently goes
+/// (a load renews its artifact), never the one just written, and the bound holds after every
+/// load. Three small plugins with room for two: it was unbounded (35 MB per digest of an
+/// interpreter-sized plugin, 207 MB after ten `plugin build`s).
+#[test]
+fn the_compile_cache_is_bounded_and_evicts_the_least_recently_used() {
+    let dir = scratch_dir("cache_bound");
+    let mut rt = PluginRuntime::new().unwrap();
+    rt.set_compile_cache(Some(&dir)).unwrap();
+    let load = |rt: &PluginRuntime, name: &str| {
+        let h = rt.load(&plugin_path(name), LIMITS).unwrap();
+        (h.load_info().from_cache, h.digest().to_string())
+    };
+    let sizes = |dir: &std::path::Path| -> Vec<u64> {
+        files(dir, "cwasm")
+            .iter()
+            .map(|f| std::fs::metadata(f).unwrap().len())
+            .collect()
+    };
+    // Their artifacts' sizes, measured in a cache of their own: `b` is the largest, so once it
+    // is evicted the other two fit the bound of `a` and `b`.
+    let measure = scratch_dir("cache_measure");
+    let mut sizing = PluginRuntime::new().unwrap();
+    sizing.set_compile_cache(Some(&measure)).unwrap();
+    let mut by_size: Vec<(u64, &str)> = ["inventory", "testkit", "inventory-c"]
+        .into_iter()
+        .map(|name| {
+            let before: u64 = sizes(&measure).iter().sum();
+            load(&sizing, name);
+            (sizes(&measure).iter().sum::<u64>() - before, name)
+        })
+        .collect();
+    std::fs::remove_dir_all(&measure).unwrap();
+    by_size.sort();
+    let [(size_a, name_a), (_, name_c), (size_b, name_b)] = by_size[..] else {
+        unreachable!()
+    };
+    let bound = size_a + size_b;
+
+    let (_, a) = load(&rt, name_a);
+    std::thread::sleep(Duration::from_millis(20));
+    let (_, b) = load(&rt, name_b);
+    rt.set_compile_cache_max(bound);
+    assert_eq!(files(&dir, "cwasm").len(), 2, "both fit");
+    std::thread::sleep(Duration::from_millis(20));
+    // a is used again: b is now the least recently used.
+    assert!(load(&rt, name_a).0, "a still cached");
+    std::thread::sleep(Duration::from_millis(20));
+    let (cached, c) = load(&rt, name_c);
+    assert!(!cached);
+    let kept = files(&dir, "cwasm");
+    let has = |digest: &str| {
+        let hex = digest.trim_start_matches("sha256:");
+        kept.iter().any(|f| f.to_string_lossy().contains(hex))
+    };
+    assert!(
+        has(&a) && has(&c) && !has(&b),
+        "kept {kept:?}; a {a} b {b} c {c}"
+    );
+    assert!(sizes(&dir).iter().sum::<u64>() <= bound);
+    // Evicted means compiled again, then kept.
+    assert!(!load(&rt, name_b).0);
+    assert!(load(&rt, name_b).0);
+    // A bound under one artifact keeps the one just written, alone.
+    rt.set_compile_cache_max(1);
+    assert_eq!(files(&dir, "cwasm").len(), 0);
+    assert!(!load(&rt, "inventory").0);
+    assert_eq!(files(&dir, "cwasm").len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Loaders of one component that start together (replicas sharing a cache volume, tests in
 /// parallel) compile it once: the others wait on the artifact's lock and deserialize it.
 #[test]

@@ -74,6 +74,10 @@ pub(super) fn default_max_upload() -> ByteSize {
     ByteSize(128 << 20)
 }
 
+pub(super) fn default_compile_cache_max() -> ByteSize {
+    ByteSize(crate::plugin::DEFAULT_COMPILE_CACHE_MAX)
+}
+
 pub(super) fn default_version_bucket() -> String {
     "idemhost-plugin-versions".into()
 }

@@ -58,12 +58,20 @@ impl Config {
         if self.postgres.max_connections == 0 {
             return bad("postgres.max_connections".into(), "must be at least 1");
         }
-        if let Some(listen) = &self.admin.listen
-            && listen.parse::<std::net::SocketAddr>().is_err()
-        {
+        for (key, listen) in [
+            ("admin.listen", &self.admin.listen),
+            ("metrics.listen", &self.metrics.listen),
+        ] {
+            if let Some(listen) = listen
+                && listen.parse::<std::net::SocketAddr>().is_err()
+            {
+                return bad(key.into(), "must be an address like 127.0.0.1:9464");
+            }
+        }
+        if self.metrics.listen.is_some() && self.metrics.listen == self.admin.listen {
             return bad(
-                "admin.listen".into(),
-                "must be an address like 127.0.0.1:9464",
+                "metrics.listen".into(),
+                "must differ from admin.listen (which serves /metrics already)",
             );
         }
         if self

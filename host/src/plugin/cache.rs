@@ -1,6 +1,8 @@
 //! Compiled plugins on disk, keyed by the component's digest and the engine's compatibility
 //! hash: a restart or a second replica deserializes an artifact (milliseconds) instead of
-//! compiling the component again (seconds for an interpreter-sized one).
+//! compiling the component again (seconds for an interpreter-sized one). The directory is
+//! bounded (`host.compile_cache_max`): past the bound, the artifacts used least recently are
+//! removed (a load marks its artifact used), never the one just written.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -15,12 +17,17 @@ use wasmtime::component::Component;
 /// First bytes of every artifact file, then the SHA-256 of the body, then the body.
 const MAGIC: &[u8; 16] = b"idemhost-cwasm1\n";
 
+/// The default bound of a compile cache directory's artifacts.
+pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
+
 /// A directory of compiled components that only this user can write.
 #[derive(Debug, Clone)]
 pub(crate) struct CompileCache {
     dir: PathBuf,
     /// Changes with the wasmtime version and every engine setting that affects code.
     engine_key: String,
+    /// The artifacts' total size past which the least recently used are removed.
+    max_bytes: u64,
 }
 
 impl CompileCache {
@@ -55,7 +62,58 @@ impl CompileCache {
         Ok(CompileCache {
             dir: dir.to_path_buf(),
             engine_key: format!("{:016x}", hasher.finish()),
+            max_bytes: DEFAULT_MAX_BYTES,
         })
+    }
+
+    /// Bounds the artifacts' total size, evicting now down to it.
+    pub(crate) fn set_max_bytes(&mut self, max_bytes: u64) {
+        self.max_bytes = max_bytes;
+        self.evict(None);
+    }
+
+    /// Removes the least recently used artifacts (by modification time, which a load renews)
+    /// until their total is within the bound, never `keep`; also temporary files a crashed
+    /// writer left over an hour ago. Returns how many bytes it removed.
+    pub(crate) fn evict(&self, keep: Option<&Path>) -> u64 {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let now = std::time::SystemTime::now();
+        let mut artifacts = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else { continue };
+            let modified = meta.modified().unwrap_or(now);
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.ends_with(".tmp")
+                && now
+                    .duration_since(modified)
+                    .is_ok_and(|age| age.as_secs() > 3600)
+            {
+                let _ = std::fs::remove_file(&path);
+            } else if meta.is_file() && name.ends_with(".cwasm") {
+                artifacts.push((modified, meta.len(), path));
+            }
+        }
+        let mut total: u64 = artifacts.iter().map(|(_, len, _)| len).sum();
+        artifacts.sort();
+        let mut removed = 0;
+        for (_, len, path) in artifacts {
+            if total <= self.max_bytes {
+                break;
+            }
+            if Some(path.as_path()) == keep {
+                continue;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                tracing::info!(path = %path.display(), bytes = len, "compile cache over host.compile_cache_max; evicted the least recently used artifact");
+                total -= len;
+                removed += len;
+            }
+        }
+        removed
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -135,7 +193,13 @@ impl CompileCache {
         // `open`), its checksum matches, its name binds it to the component's digest, and
         // wasmtime itself refuses an artifact of another version or engine configuration.
         match unsafe { Component::deserialize(engine, body) } {
-            Ok(component) => Some(component),
+            Ok(component) => {
+                // Used now: the last to be evicted.
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(std::time::SystemTime::now());
+                }
+                Some(component)
+            }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cached compiled plugin refused; compiling again");
                 let _ = std::fs::remove_file(&path);
@@ -173,7 +237,9 @@ impl CompileCache {
         write().map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
             format!("cannot write {}: {e}", path.display())
-        })
+        })?;
+        self.evict(Some(&path));
+        Ok(())
     }
 }
 

@@ -135,6 +135,34 @@ async fn provision_role_once(
     )))
     .execute(&mut *tx)
     .await?;
+    // A table `tables` names that is not there is the configuration's mistake, not the role's:
+    // said as such before anything is created or granted (it was reported as a role that is
+    // not ready, with the whole script to create one).
+    let named: Vec<String> = tables
+        .iter()
+        .filter(|t| *t != "*")
+        .map(|t| qualified(&schema, t))
+        .collect();
+    let absent: Vec<String> = sqlx::query_scalar(
+        "SELECT x FROM unnest($1::text[]) x WHERE pg_catalog.to_regclass(x) IS NULL",
+    )
+    .bind(&named)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !absent.is_empty() {
+        anyhow::bail!(
+            "consumer {consumer_name}: `tables` names {} that do{} not exist: {}. Create {} \
+             first (your own migration, applied before the host starts) or correct `tables`",
+            if absent.len() == 1 {
+                "a table"
+            } else {
+                "tables"
+            },
+            if absent.len() == 1 { "es" } else { "" },
+            absent.join(", "),
+            if absent.len() == 1 { "it" } else { "them" },
+        );
+    }
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
             .bind(role)
