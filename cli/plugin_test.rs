@@ -63,6 +63,11 @@ pub struct TestArgs {
     /// be current.
     #[arg(long)]
     no_migrate: bool,
+    /// Keep what the test set up for itself: the host's migrations of a schema that had none
+    /// (or the schema) and the consumer's role when it did not exist. Default: removed after
+    /// the run, so a rolled-back test leaves the server as it was. `--commit` keeps them.
+    #[arg(long)]
+    keep_setup: bool,
 }
 
 /// PostgreSQL when there is no `--config` (the demo's and the tests' server).
@@ -82,6 +87,7 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
     let handler = load(&config, &consumer, &args.file)?;
     let msg = message(&args, &consumer, payload);
 
+    let mut undone = Vec::new();
     let (ran, traced) = match &msg {
         Ok(msg) => {
             let rehearsed = rehearsal::run(
@@ -89,10 +95,14 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
                 &consumer,
                 &handler,
                 msg,
-                !args.no_migrate,
-                args.commit,
+                rehearsal::RehearsalOptions {
+                    migrate: !args.no_migrate,
+                    commit: args.commit,
+                    keep_setup: args.keep_setup,
+                },
             )
             .await?;
+            undone = rehearsed.undone;
             (Ran::Delivered(rehearsed.processed), rehearsed.traced)
         }
         Err(refused) => (Ran::Refused(refused.reason.clone()), Traced::default()),
@@ -106,6 +116,7 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
         ran: &ran,
         traced,
         committed: args.commit,
+        undone,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report.json())?);
@@ -271,6 +282,8 @@ struct Report<'a> {
     ran: &'a Ran,
     traced: Traced,
     committed: bool,
+    /// The set-up taken back after the run.
+    undone: Vec<String>,
 }
 
 impl Report<'_> {
@@ -421,6 +434,13 @@ impl Report<'_> {
                 .unwrap_or_default()
         );
         let _ = writeln!(out, "          {}", self.ending());
+        if !self.undone.is_empty() {
+            let _ = writeln!(
+                out,
+                "          set-up removed: {} (--keep-setup keeps it)",
+                self.undone.join(", ")
+            );
+        }
         if let Ran::Delivered(p) = self.ran {
             let opt = |d: Option<Duration>| d.map_or("-".to_string(), ms);
             let _ = writeln!(
@@ -497,6 +517,7 @@ impl Report<'_> {
                 "transaction": ms_of(processed.map(|p| p.tx_time)),
             },
             "tx_attempts": processed.map(|p| p.tx_attempts),
+            "setup_removed": self.undone,
         })
     }
 }

@@ -13,6 +13,8 @@ use crate::plugin::WasmHandler;
 use crate::tx_handle::Trace;
 use crate::{pg, source};
 
+mod setup;
+
 pub use crate::tx_handle::{Published, Statement, StatementResult, Traced};
 
 /// Why a message is refused before any transaction (a delivery of it would be dead-lettered
@@ -51,38 +53,79 @@ pub struct Rehearsed {
     pub processed: Processed,
     /// The handler's statements, their results and its published events.
     pub traced: Traced,
+    /// The set-up taken back after the delivery (the host's migrations of a schema that had
+    /// none, the consumer's role when it did not exist); empty when kept or when there was none.
+    pub undone: Vec<String>,
+}
+
+/// How a rehearsal treats the server besides its delivery.
+#[derive(Debug, Clone, Copy)]
+pub struct RehearsalOptions {
+    /// Apply the host's migrations first, as `idemhost run` does.
+    pub migrate: bool,
+    /// Commit the delivery as a consumer would (else roll it back where it would commit).
+    pub commit: bool,
+    /// Keep the set-up (migrations, the role); implied by `commit`. Otherwise what the
+    /// rehearsal created for itself is removed after it, and a schema with only some of the
+    /// host's migrations is refused (they could not be taken back).
+    pub keep_setup: bool,
 }
 
 /// Runs `msg` through `handler` as `consumer` would, on the configured PostgreSQL: applies the
-/// host's migrations first when `migrate` (as `idemhost run` does), provisions the consumer's
-/// role, and commits only when `commit` (else rolls back where a delivery would commit).
+/// host's migrations first when asked (as `idemhost run` does), provisions the consumer's
+/// role, runs the delivery, and then takes back what it set up unless asked to keep it.
 pub async fn run(
     config: &Config,
     consumer: &ConsumerConfig,
     handler: &WasmHandler,
     msg: &Message,
-    migrate: bool,
-    commit: bool,
+    options: RehearsalOptions,
 ) -> anyhow::Result<Rehearsed> {
     let (pool, failover) = pg::connect_following(&config.postgres, 2).await?;
-    // As `idemhost run` does (these, and the role's provisioning, are committed: they are the
-    // host's set-up, not the delivery).
-    if migrate {
-        pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
+    let keep = options.keep_setup || options.commit;
+    let before = if keep {
+        None
+    } else {
+        let role = pg::wall::plugin_role(&config.postgres, consumer);
+        Some(
+            setup::Before::look(
+                &pool,
+                config.postgres.schema.as_deref(),
+                &role,
+                options.migrate,
+            )
+            .await?,
+        )
+    };
+    let ran = async {
+        if options.migrate {
+            pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
+        }
+        let trace = Arc::new(Trace::default());
+        let claimer = crate::host::plugin_claimer(&config.postgres, &pool, &failover, consumer)
+            .await?
+            .rehearsing(Rehearsal {
+                trace: trace.clone(),
+                commit: options.commit,
+            });
+        let processed = claimer.process(handler, msg).await;
+        drop(claimer);
+        anyhow::Ok((processed, trace.snapshot()))
     }
-    let trace = Arc::new(Trace::default());
-    let claimer = crate::host::plugin_claimer(&config.postgres, &pool, &failover, consumer)
-        .await?
-        .rehearsing(Rehearsal {
-            trace: trace.clone(),
-            commit,
-        });
-    let processed = claimer.process(handler, msg).await;
-    drop(claimer);
+    .await;
+    // No session of the role may remain when it is dropped.
     failover.close_all().await;
+    let undone = match before {
+        Some(before) => before.undo(&pool).await.map_err(|e| {
+            anyhow::anyhow!("the rehearsal ran, but taking back its set-up failed: {e:#}")
+        })?,
+        None => Vec::new(),
+    };
+    let (processed, traced) = ran?;
     Ok(Rehearsed {
         processed,
-        traced: trace.snapshot(),
+        traced,
+        undone,
     })
 }
 

@@ -35,6 +35,15 @@ fn podman_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Says so when podman is absent (the tests are then skipped).
+fn podman_absent() -> bool {
+    let absent = Command::new("podman").arg("--version").output().is_err();
+    if absent {
+        println!("skipped: podman is absent (scripts/test.sh installs it)");
+    }
+    absent
+}
+
 /// A container of the image, removed when dropped.
 struct Container {
     name: String,
@@ -94,8 +103,7 @@ async fn publish_batch(nats: &NatsEnv, key: &str, ids: &[String]) {
 /// and exits 0; after a restart every message has exactly one effect, by SQL.
 #[tokio::test]
 async fn container_applies_once_drains_on_stop_and_resumes_without_loss_or_doubles() {
-    if Command::new("podman").arg("--version").output().is_err() {
-        println!("skipped: podman is absent (scripts/test.sh installs it)");
+    if podman_absent() {
         return;
     }
     let image = image();
@@ -232,6 +240,106 @@ async fn container_applies_once_drains_on_stop_and_resumes_without_loss_or_doubl
         "image {size} bytes; podman run to /readyz 200 in {cold_start:?}; podman stop drained in {drain:?} with {at_stop} of 3800 applied"
     );
     drop(container);
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// `compose.yaml` as shipped, run by podman-compose (`scripts/ensure-compose.sh`) with the
+/// suite's image against the suite's servers: the service comes up ready, applies a message
+/// once (and its duplicate not at all), and `down` stops it gracefully. Before, the file named
+/// public images this machine cannot pull and was never run. The test's own settings (schema,
+/// stream) go in through a second file of variable names, as an operator's override would.
+#[tokio::test]
+async fn compose_runs_the_locally_built_image() {
+    if podman_absent() {
+        return;
+    }
+    let root = repo_root();
+    let installer = run_ok(&mut Command::new(root.join("scripts/ensure-compose.sh")));
+    let compose_cmd: Vec<String> = String::from_utf8_lossy(&installer.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let env = TestEnv::new("compose").await;
+    env.seed_inventory(&[("sku-0", 100)]).await;
+    let nats = NatsEnv::new("compose", Duration::from_secs(60)).await;
+    let port = free_port();
+    let project = unique("idemhost_compose");
+    let override_file =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{project}.yaml"));
+    std::fs::write(
+        &override_file,
+        "services:\n  idemhost:\n    environment:\n      - IDEMHOST_POSTGRES__SCHEMA\n      \
+         - IDEMHOST_CONSUMER__0__STREAM\n      - IDEMHOST_CONSUMER__0__SUBJECTS\n      \
+         - IDEMHOST_CONSUMER__0__DEAD_LETTER_SUBJECT\n      - IDEMHOST_CONSUMER__0__CREATE_STREAM\n",
+    )
+    .unwrap();
+    let compose = |args: &[&str]| {
+        let mut command = Command::new(&compose_cmd[0]);
+        command
+            .args(&compose_cmd[1..])
+            .current_dir(&root)
+            .args(["--podman-args", "--runtime runc", "--in-pod", "false"])
+            .args([
+                "--podman-run-args",
+                "--ulimit nofile=1024:1024 --ulimit nproc=1000:1000",
+            ])
+            .args(["-p", &project, "-f", "compose.yaml", "-f"])
+            .arg(&override_file)
+            .args(args)
+            .env("IDEMHOST_IMAGE", image())
+            .env("IDEMHOST_POSTGRES__URL", PG_URL.get())
+            .env("IDEMHOST_NATS__URL", NATS_URL.get())
+            .env("IDEMHOST_ADMIN__LISTEN", format!("127.0.0.1:{port}"))
+            .env("IDEMHOST_POSTGRES__SCHEMA", &env.schema)
+            .env("IDEMHOST_CONSUMER__0__STREAM", &nats.stream)
+            .env(
+                "IDEMHOST_CONSUMER__0__SUBJECTS",
+                format!("[\"{}\"]", nats.subject()),
+            )
+            .env("IDEMHOST_CONSUMER__0__DEAD_LETTER_SUBJECT", nats.dlq())
+            .env("IDEMHOST_CONSUMER__0__CREATE_STREAM", "false");
+        command.output().unwrap()
+    };
+    let container = Container {
+        name: format!("{project}_idemhost_1"),
+    };
+    let up = compose(&["up", "-d"]);
+    assert!(
+        up.status.success(),
+        "compose up: {}{}",
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let readyz = format!("http://127.0.0.1:{port}/readyz");
+    wait_until(Duration::from_secs(60), "/readyz to answer 200", || async {
+        idemhost::ops::admin::probe(&readyz, Duration::from_secs(1))
+            .await
+            .ok()
+    })
+    .await;
+    // The variables went in from the shell by name.
+    let vars = container.inspect("{{.Config.Env}}");
+    assert!(
+        vars.contains(&format!("IDEMHOST_POSTGRES__SCHEMA={}", env.schema)),
+        "{vars}"
+    );
+
+    let key = env.host_key().await;
+    publish_batch(&nats, &key, &["c-0".to_string()]).await;
+    nats.wait_drained(CONSUMER, Duration::from_secs(60)).await;
+    assert_eq!(env.markers(CONSUMER).await, 1, "{}", container.logs());
+    assert_eq!(env.reserved("sku-0").await, 1);
+
+    let down = compose(&["down", "-t", "30"]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    let gone = podman(&["container", "exists", &container.name]);
+    assert!(!gone.status.success(), "compose down left the container");
+    let _ = std::fs::remove_file(&override_file);
     nats.cleanup().await;
     env.cleanup().await;
 }

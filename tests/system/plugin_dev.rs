@@ -381,12 +381,10 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
     env.cleanup().await;
 }
 
-/// Without `--config`: the defaults (environment overrides applied) and a consumer named after
-/// the file — here a retryable outcome, exit status 4.
-#[tokio::test]
-async fn plugin_test_without_a_config_runs_as_a_consumer_named_after_the_file() {
-    let env = TestEnv::new("plugin_test_noconfig").await;
-    let out = Command::new(BIN)
+/// `idemhost plugin test` of the Rust template without `--config`, on `schema`, asking the
+/// plugin to fail retryably (exit status 4), with `extra` arguments.
+fn template_retry_without_config(schema: &str, extra: &[&str]) -> std::process::Output {
+    Command::new(BIN)
         .args(["plugin", "test"])
         .arg(plugin_path("template-rust"))
         .args([
@@ -396,11 +394,20 @@ async fn plugin_test_without_a_config_runs_as_a_consumer_named_after_the_file() 
             "conformance.retry",
             "--json",
         ])
+        .args(extra)
         .env("IDEMHOST_POSTGRES__URL", PG_URL.get())
-        .env("IDEMHOST_POSTGRES__SCHEMA", &env.schema)
+        .env("IDEMHOST_POSTGRES__SCHEMA", schema)
         .env_remove("IDEMHOST_CONFIG")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Without `--config`: the defaults (environment overrides applied) and a consumer named after
+/// the file — here a retryable outcome, exit status 4.
+#[tokio::test]
+async fn plugin_test_without_a_config_runs_as_a_consumer_named_after_the_file() {
+    let env = TestEnv::new("plugin_test_noconfig").await;
+    let out = template_retry_without_config(&env.schema, &[]);
     let r: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
     assert_eq!(
@@ -515,4 +522,138 @@ async fn plugin_test_runs_the_plugin_as_its_role_not_as_the_operator() {
         "{r:#}"
     );
     env.cleanup().await;
+}
+
+/// `plugin test` (rolled back) leaves the server as it found it, its own set-up included: on a
+/// schema that did not exist, the schema it made for the host's migrations and the consumer's
+/// role are gone afterwards; on a schema holding only the developer's table, the host's tables
+/// and functions go and that table stays; `--keep-setup` keeps them; a schema with only some
+/// of the host's migrations is refused untouched. Before, each run left a migrated schema and
+/// a cluster-wide role behind.
+#[tokio::test]
+async fn plugin_test_takes_back_its_own_setup_unless_asked() {
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&PG_URL)
+        .await
+        .unwrap();
+    let scalar = |sql: String| {
+        let admin = admin.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&admin)
+                .await
+                .unwrap()
+        }
+    };
+    let run = template_retry_without_config;
+    let role_of = |schema: &str| {
+        let text = format!(
+            "[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n[[consumer]]\nname = \"template-rust\"\n\
+             stream = \"S\"\nplugin = \"x.wasm\"\n"
+        );
+        let config = parse_config(&text);
+        idemhost::test_support::pg::wall::plugin_role(&config.postgres, &config.consumers[0])
+    };
+    let roles = |role: String| {
+        scalar(format!(
+            "SELECT count(*) FROM pg_roles WHERE rolname = '{role}'"
+        ))
+    };
+    let schemas = |schema: String| {
+        scalar(format!(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"
+        ))
+    };
+
+    // A schema that does not exist.
+    let fresh = format!("t_{}", unique("pt_fresh"));
+    let out = run(&fresh, &[]);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(4), "{report:#}");
+    assert_eq!(
+        report["setup_removed"].as_array().map(Vec::len),
+        Some(2),
+        "{report:#}"
+    );
+    assert_eq!(schemas(fresh.clone()).await, 0, "the schema was left");
+    assert_eq!(roles(role_of(&fresh)).await, 0, "the role was left");
+
+    // A schema with the developer's own table and none of the host's.
+    let own = format!("t_{}", unique("pt_own"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {own}; CREATE TABLE {own}.notes (id int); INSERT INTO {own}.notes VALUES (7)"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let out = run(&own, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(scalar(format!("SELECT count(*) FROM {own}.notes")).await, 1);
+    assert_eq!(
+        scalar(format!(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = '{own}' AND c.relkind = 'r'"
+        ))
+        .await,
+        1,
+        "only the developer's table is left"
+    );
+    assert_eq!(
+        scalar(format!(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = '{own}'"
+        ))
+        .await,
+        0,
+        "the host's functions were left"
+    );
+    assert_eq!(roles(role_of(&own)).await, 0);
+
+    // Asked to keep it: the migrations and the role stay.
+    let out = run(&own, &["--keep-setup"]);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(scalar(format!("SELECT count(*) FROM {own}._sqlx_migrations")).await > 10);
+    assert_eq!(roles(role_of(&own)).await, 1);
+
+    // Only some of the host's migrations: refused, nothing applied.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {own}._sqlx_migrations WHERE version >= 12"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let out = run(&own, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("idemhost migrate") && stderr.contains("--keep-setup"),
+        "{stderr}"
+    );
+    assert_eq!(
+        scalar(format!(
+            "SELECT count(*) FROM {own}._sqlx_migrations WHERE version >= 12"
+        ))
+        .await,
+        0
+    );
+
+    let role = role_of(&own);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA {own} CASCADE; DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
 }
