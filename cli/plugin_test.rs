@@ -88,6 +88,7 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
     let msg = message(&args, &consumer, payload);
 
     let mut undone = Vec::new();
+    let mut kept = Vec::new();
     let (ran, traced) = match &msg {
         Ok(msg) => {
             let rehearsed = rehearsal::run(
@@ -103,6 +104,7 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
             )
             .await?;
             undone = rehearsed.undone;
+            kept = rehearsed.kept;
             (Ran::Delivered(rehearsed.processed), rehearsed.traced)
         }
         Err(refused) => (Ran::Refused(refused.reason.clone()), Traced::default()),
@@ -117,6 +119,7 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
         traced,
         committed: args.commit,
         undone,
+        kept,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report.json())?);
@@ -284,6 +287,8 @@ struct Report<'a> {
     committed: bool,
     /// The set-up taken back after the run.
     undone: Vec<String>,
+    /// The set-up that could not be taken back, and why.
+    kept: Vec<String>,
 }
 
 impl Report<'_> {
@@ -441,6 +446,9 @@ impl Report<'_> {
                 self.undone.join(", ")
             );
         }
+        for kept in &self.kept {
+            let _ = writeln!(out, "          set-up KEPT: {kept}");
+        }
         if let Ran::Delivered(p) = self.ran {
             let opt = |d: Option<Duration>| d.map_or("-".to_string(), ms);
             let _ = writeln!(
@@ -518,6 +526,7 @@ impl Report<'_> {
             },
             "tx_attempts": processed.map(|p| p.tx_attempts),
             "setup_removed": self.undone,
+            "setup_kept": self.kept,
         })
     }
 }

@@ -150,15 +150,27 @@ pub(crate) async fn serve(
     Ok(server)
 }
 
-/// Binds `[metrics] listen`: `GET /metrics` and `GET /healthz` only (no deploys, no plugin
-/// list), under the same connection limits as the admin endpoint.
+/// The metrics listener's bounds: a scrape or a probe is answered in milliseconds, so a client
+/// that holds a connection longer is cut sooner than on the admin endpoint (whose deploys
+/// upload and compile), and fewer such clients are served at once.
+const METRICS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const METRICS_MAX_CONNECTIONS: u32 = 32;
+
+/// Binds `[metrics] listen`: `GET /metrics`, `/healthz` and `/readyz` only (no deploys, no
+/// plugin list), so Prometheus and an orchestrator's probes need no access to the admin
+/// endpoint. At most [`METRICS_MAX_CONNECTIONS`], each within [`METRICS_REQUEST_TIMEOUT`] (or
+/// the admin endpoint's limits, if smaller).
 pub(crate) async fn serve_metrics(
     listen: &str,
     config: &AdminConfig,
     readiness: Readiness,
 ) -> anyhow::Result<AdminServer> {
+    let mut limits = config.clone();
+    limits.request_timeout.0 = limits.request_timeout.0.min(METRICS_REQUEST_TIMEOUT);
+    limits.max_connections = limits.max_connections.min(METRICS_MAX_CONNECTIONS);
     let app = Router::new()
         .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(|| async { text(StatusCode::NOT_FOUND, "not found") })
         .with_state(AppState {
@@ -168,7 +180,7 @@ pub(crate) async fn serve_metrics(
                 max_upload: 0,
             },
         });
-    let server = serve_router("metrics.listen", listen, config, app).await?;
+    let server = serve_router("metrics.listen", listen, &limits, app).await?;
     info!(listen, "metrics endpoint listening");
     Ok(server)
 }

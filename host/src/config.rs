@@ -189,9 +189,9 @@ impl Default for PluginsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// A listener of its own for `GET /metrics` (and `/healthz`), e.g. `0.0.0.0:9465`: scrape
-    /// there and keep `admin.listen`, which can deploy plugins, on a private address. The
-    /// admin endpoint serves `/metrics` too. Absent: no separate listener.
+    /// A listener of its own for `GET /metrics`, `/healthz` and `/readyz`, e.g. `0.0.0.0:9465`:
+    /// scrape and probe there and keep `admin.listen`, which can deploy plugins, on a private
+    /// address. The admin endpoint serves them too. Absent: no separate listener.
     #[serde(default)]
     pub listen: Option<String>,
     /// How often each consumer's JetStream state (pending, ack-pending, oldest unacknowledged

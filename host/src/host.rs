@@ -140,15 +140,17 @@ async fn serve(
     (pool, failover): (&PgPool, &Arc<pg::Failover>),
     (readiness, metrics): (&Readiness, &Arc<Metrics>),
 ) -> anyhow::Result<()> {
-    if options.migrate {
-        pg::migrate(pool, config.postgres.schema.as_deref()).await?;
-    } else {
+    if !options.migrate {
         pg::check_migrated(pool).await?;
     }
     let runtime = plugin_runtime(config, native, total_in_flight)?;
     let nats_url = pg::redact_urls(&config.nats.url);
     let (client, js) = source::connect_nats(&config.nats).await?;
     readiness.watch(client.clone(), pool.clone());
+    // Every consumer is checked against both servers before anything on them changes: a start
+    // refused for one consumer leaves the schema unmigrated, no role made and no stream or
+    // durable created for any.
+    preflight(config, native, pool, &js).await?;
     let store = match (config.plugins.store, &runtime) {
         (Some(PluginStoreKind::Nats), Some(_)) => {
             Some(NatsStore::open(&js, &config.plugins).await?)
@@ -157,6 +159,9 @@ async fn serve(
     };
 
     let (registry, watched) = load(config, native, runtime, store.as_ref()).await?;
+    if options.migrate {
+        pg::migrate(pool, config.postgres.schema.as_deref()).await?;
+    }
     let registry = Arc::new(registry);
     readiness.set_registry(registry.clone());
     metrics.set_plugins(Box::new(registry::PluginCollector(registry.clone())));
@@ -355,6 +360,32 @@ async fn load(
         watched.push((c.name.clone(), path.clone()));
     }
     Ok((registry, watched))
+}
+
+/// The refusals that need the servers and change nothing on them, for every consumer: what
+/// the NATS server cannot do and a missing stream (`source::check_consumer`), and a table in
+/// `tables` that does not exist. Run before the migrations and before any consumer is bound.
+async fn preflight(
+    config: &Config,
+    native: &HashMap<String, Arc<dyn Handler>>,
+    pool: &PgPool,
+    js: &async_nats::jetstream::Context,
+) -> anyhow::Result<()> {
+    let schema = match &config.postgres.schema {
+        Some(schema) => schema.clone(),
+        None => sqlx::query_scalar::<_, Option<String>>("SELECT current_schema()::text")
+            .fetch_one(pool)
+            .await?
+            .unwrap_or_else(|| "public".into()),
+    };
+    let mut conn = pool.acquire().await?;
+    for c in &config.consumers {
+        source::check_consumer(js, c).await?;
+        if !native.contains_key(&c.name) {
+            pg::wall::missing_tables(&mut conn, &c.name, &schema, &c.tables).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Binds every consumer's JetStream durable (one per partition), each on its consumer's

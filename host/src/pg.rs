@@ -178,6 +178,22 @@ pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
 /// `crate::sql_gate::HOST_RELATIONS`); `SHARE UPDATE EXCLUSIVE` conflicts with itself and not
 /// with the rows the migrator writes there from its own connection.
 pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
+    let mut lock = migrate_holding(pool, schema).await?;
+    sqlx::query("COMMIT")
+        .execute(&mut lock)
+        .await
+        .map_err(|e| anyhow::anyhow!("failed to release the migrations lock: {}", describe(&e)))?;
+    let _ = sqlx::Connection::close(lock).await;
+    Ok(())
+}
+
+/// [`migrate`], returning the connection whose open transaction still holds the migrations
+/// lock: every other host's start (and every other `plugin test`) waits until it ends. What
+/// the caller does in that transaction commits with it (or, closed, rolls back).
+pub(crate) async fn migrate_holding(
+    pool: &PgPool,
+    schema: Option<&str>,
+) -> anyhow::Result<sqlx::PgConnection> {
     let missing = match schema {
         // A host that owns its schema need not be allowed to create schemas.
         Some(schema) => !sqlx::query_scalar::<_, bool>(
@@ -199,7 +215,7 @@ pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> 
         .map_err(|e| anyhow::anyhow!("failed to create schema {schema}: {}", describe(&e)))?;
     }
     let mut attempt = 1;
-    let mut lock = loop {
+    let lock = loop {
         match lock_migrations(pool).await {
             Ok(lock) => break lock,
             // Two hosts creating the migrations table at once: one of them loses the race on
@@ -221,12 +237,7 @@ pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> 
         .run(pool)
         .await
         .map_err(|e| anyhow::anyhow!("failed to apply idemhost migrations: {e}"))?;
-    sqlx::query("COMMIT")
-        .execute(&mut lock)
-        .await
-        .map_err(|e| anyhow::anyhow!("failed to release the migrations lock: {}", describe(&e)))?;
-    let _ = sqlx::Connection::close(lock).await;
-    Ok(())
+    Ok(lock)
 }
 
 /// For `--no-migrate`: refuses a schema that lacks one of this binary's migrations (it would

@@ -56,6 +56,9 @@ pub struct Rehearsed {
     /// The set-up taken back after the delivery (the host's migrations of a schema that had
     /// none, the consumer's role when it did not exist); empty when kept or when there was none.
     pub undone: Vec<String>,
+    /// What of the set-up could not be taken back, and why (someone else used it meanwhile,
+    /// an object of someone else's depends on it, a lock not granted in time).
+    pub kept: Vec<String>,
 }
 
 /// How a rehearsal treats the server besides its delivery.
@@ -97,9 +100,19 @@ pub async fn run(
             .await?,
         )
     };
+    // Taking back migrations needs nobody else to start using them: on a schema that had none,
+    // the migrations lock is held from before the rehearsal's migrations to the end of the
+    // undo, so a host that starts on the schema meanwhile (or another `plugin test`) waits.
+    let mut lock = None;
     let ran = async {
         if options.migrate {
-            pg::migrate(&pool, config.postgres.schema.as_deref()).await?;
+            match &before {
+                Some(b) if b.migrates_for_itself() => {
+                    lock =
+                        Some(pg::migrate_holding(&pool, config.postgres.schema.as_deref()).await?);
+                }
+                _ => pg::migrate(&pool, config.postgres.schema.as_deref()).await?,
+            }
         }
         let trace = Arc::new(Trace::default());
         let claimer = crate::host::plugin_claimer(&config.postgres, &pool, &failover, consumer)
@@ -116,16 +129,15 @@ pub async fn run(
     // No session of the role may remain when it is dropped.
     failover.close_all().await;
     let undone = match before {
-        Some(before) => before.undo(&pool).await.map_err(|e| {
-            anyhow::anyhow!("the rehearsal ran, but taking back its set-up failed: {e:#}")
-        })?,
-        None => Vec::new(),
+        Some(before) => before.undo(lock, &pool).await,
+        None => setup::Undone::default(),
     };
     let (processed, traced) = ran?;
     Ok(Rehearsed {
         processed,
         traced,
-        undone,
+        undone: undone.removed,
+        kept: undone.kept,
     })
 }
 

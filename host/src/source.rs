@@ -27,6 +27,7 @@ pub mod partition;
 #[cfg(test)]
 mod props;
 mod provision;
+pub(crate) use provision::check as check_consumer;
 mod pulling;
 mod settle;
 pub(crate) use crate::headers::header;

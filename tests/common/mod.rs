@@ -160,6 +160,36 @@ pub async fn start_error(config: Config) -> String {
     }
 }
 
+/// A new, empty schema `t_<tag>_<unique>`.
+async fn new_schema(tag: &str) -> String {
+    init_logs();
+    let schema = format!("t_{}", unique(tag));
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&PG_URL)
+        .await
+        .expect("connect to test PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    schema
+}
+
+/// One bigint from `sql`, asked on a connection of its own (outside any test schema).
+pub async fn server_scalar(sql: String) -> i64 {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&PG_URL)
+        .await
+        .expect("connect to test PostgreSQL");
+    let value = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let _ = sqlx::Connection::close(conn).await;
+    value
+}
+
 pub fn unique(tag: &str) -> String {
     format!(
         "{}_{:08x}",
@@ -176,19 +206,28 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn new(tag: &str) -> TestEnv {
-        init_logs();
-        let schema = format!("t_{}", unique(tag));
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&PG_URL)
-            .await
-            .expect("connect to test PostgreSQL");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
+        let schema = new_schema(tag).await;
+        let pool = schema_pool(&PG_URL, &schema, 12).await;
+        TestEnv { schema, pool }
+    }
+
+    /// A schema holding only the application's `inventory` (as the application's own
+    /// migrations leave it before idemhost's first start): none of the host's migrations.
+    pub async fn without_migrations(tag: &str) -> TestEnv {
+        let schema = new_schema(tag).await;
+        let options =
+            idemhost::test_support::pg::connect_options(&PG_URL, Some(&schema), &schema).unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
             .await
             .unwrap();
-        admin.close().await;
-        let pool = schema_pool(&PG_URL, &schema, 12).await;
+        sqlx::raw_sql(include_str!(
+            "../../examples/order-flow/migrations/0001_inventory.sql"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
         TestEnv { schema, pool }
     }
 

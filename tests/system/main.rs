@@ -43,6 +43,7 @@ mod otlp;
 mod outbox;
 mod plugin_dev;
 mod plugin_load;
+mod plugin_undo;
 mod replicas;
 mod scripts;
 mod seed;

@@ -179,9 +179,9 @@ async fn metrics_count_a_known_mix_of_outcomes() {
         "{other}"
     );
     shipped_names_exist(&other);
-    // The Kubernetes probes' paths answer on the admin port.
+    // The Kubernetes probes' paths answer on the metrics listener (the port they name).
     for path in crate::shipped::kubernetes_probe_paths() {
-        let url = format!("http://{admin}{path}");
+        let url = format!("http://{metrics_listen}{path}");
         idemhost::ops::admin::probe(&url, Duration::from_secs(5))
             .await
             .unwrap_or_else(|e| panic!("probe {path}: {e}"));

@@ -625,3 +625,86 @@ async fn a_missing_table_is_named_not_blamed_on_the_role() {
     nats.cleanup().await;
     env.cleanup().await;
 }
+
+/// A start refused for one consumer changes nothing for any: with a good first consumer (its
+/// stream to be created) and a second whose table is missing, or whose stream is missing, the
+/// schema is not migrated, no role is made and no stream is created. Before, the schema was
+/// migrated and the first consumer's role, stream and durable made before the second was
+/// looked at.
+#[tokio::test]
+async fn a_start_refused_for_one_consumer_changes_nothing_for_any() {
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&PG_URL)
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(NATS_URL.get()).await.unwrap());
+    for (case, second) in [
+        (
+            "missing table",
+            "create_stream = true\ntables = [\"no_such_table\"]",
+        ),
+        (
+            "missing stream",
+            "create_stream = false\ntables = [\"inventory\"]",
+        ),
+    ] {
+        let schema = format!("t_{}", unique("refused_all"));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE SCHEMA {schema}; CREATE TABLE {schema}.inventory (sku text)"
+        )))
+        .execute(&admin)
+        .await
+        .unwrap();
+        let good = format!("GOOD_{}", unique("s").to_uppercase());
+        let bad = format!("BAD_{}", unique("s").to_uppercase());
+        let text = format!(
+            "[nats]\nurl = \"{NATS_URL}\"\n[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n\
+             [[consumer]]\nname = \"good-v1\"\nstream = \"{good}\"\nsubjects = [\"{}.x\"]\n\
+             create_stream = true\nplugin = \"{plugin}\"\ntables = [\"inventory\"]\n\
+             [[consumer]]\nname = \"second-v1\"\nstream = \"{bad}\"\nsubjects = [\"{}.x\"]\n\
+             plugin = \"{plugin}\"\n{second}\n",
+            good.to_lowercase(),
+            bad.to_lowercase(),
+            plugin = plugin_path("testkit").display(),
+        );
+        let config = parse_config(&text);
+        let roles: Vec<String> = config
+            .consumers
+            .iter()
+            .map(|c| idemhost::test_support::pg::wall::plugin_role(&config.postgres, c))
+            .collect();
+        let error = start_error(config).await;
+        assert!(error.contains("second-v1"), "{case}: {error}");
+        let count = server_scalar;
+        assert_eq!(
+            count(format!(
+                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = '{schema}' AND c.relkind = 'r'"
+            ))
+            .await,
+            1,
+            "{case}: the schema was migrated"
+        );
+        for role in &roles {
+            assert_eq!(
+                count(format!(
+                    "SELECT count(*) FROM pg_roles WHERE rolname = '{role}'"
+                ))
+                .await,
+                0,
+                "{case}: role {role} was made"
+            );
+        }
+        for stream in [&good, &bad] {
+            assert!(
+                js.get_stream(stream).await.is_err(),
+                "{case}: stream {stream} was made"
+            );
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+}

@@ -537,15 +537,7 @@ async fn plugin_test_takes_back_its_own_setup_unless_asked() {
         .connect(&PG_URL)
         .await
         .unwrap();
-    let scalar = |sql: String| {
-        let admin = admin.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
-                .fetch_one(&admin)
-                .await
-                .unwrap()
-        }
-    };
+    let scalar = server_scalar;
     let run = template_retry_without_config;
     let role_of = |schema: &str| {
         let text = format!(
@@ -572,9 +564,15 @@ async fn plugin_test_takes_back_its_own_setup_unless_asked() {
     let report: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
     assert_eq!(out.status.code(), Some(4), "{report:#}");
+    // The host's tables and functions, the schema, the role.
     assert_eq!(
         report["setup_removed"].as_array().map(Vec::len),
-        Some(2),
+        Some(3),
+        "{report:#}"
+    );
+    assert_eq!(
+        report["setup_kept"].as_array().map(Vec::len),
+        Some(0),
         "{report:#}"
     );
     assert_eq!(schemas(fresh.clone()).await, 0, "the schema was left");

@@ -119,22 +119,62 @@ fn the_kubernetes_manifests_match_the_binary() {
             )
         })
         .collect();
-    assert_eq!(ports.get("admin"), Some(&port_of(&config.admin.listen)));
-    assert_eq!(ports.get("metrics"), Some(&port_of(&config.metrics.listen)));
+    // Only the metrics listener is exposed: it answers the probes and the scrapes and can
+    // neither list nor deploy plugins; the admin endpoint stays on the pod's loopback.
+    assert_eq!(
+        ports.keys().copied().collect::<Vec<_>>(),
+        ["metrics"],
+        "exposed ports"
+    );
+    assert_eq!(ports["metrics"], port_of(&config.metrics.listen));
     // The kubelet reaches the pod's address, not its loopback.
-    for listen in [&config.admin.listen, &config.metrics.listen] {
-        assert!(
-            listen.as_deref().unwrap().starts_with("0.0.0.0:"),
-            "{listen:?}"
-        );
-    }
+    let metrics_listen = config.metrics.listen.as_deref().unwrap();
+    assert!(metrics_listen.starts_with("0.0.0.0:"), "{metrics_listen}");
+    let admin_listen = config.admin.listen.as_deref().unwrap_or("127.0.0.1:0");
+    assert!(admin_listen.starts_with("127.0.0.1:"), "{admin_listen}");
     for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
         let port = str_of(c, &[probe, "httpGet", "port"]);
-        assert!(ports.contains_key(port), "{probe} names port {port}");
+        assert_eq!(port, "metrics", "{probe} names port {port}");
     }
     // Liveness must not follow the database: an outage would restart every replica.
     assert_eq!(str_of(c, &["livenessProbe", "httpGet", "path"]), "/healthz");
     assert_eq!(str_of(c, &["readinessProbe", "httpGet", "path"]), "/readyz");
+
+    // The memory limit covers SECURITY.md's stated bound (a delivery: its plugin's
+    // memory_limit plus 96 MiB) for every delivery in flight, plus the process's own; else a
+    // plugin within its bound gets the pod, bystanders included, OOM-killed.
+    let limit = get(c, &["resources", "limits", "memory"]).as_str().unwrap();
+    let limit_bytes: u64 = match limit.strip_suffix("Gi") {
+        Some(n) => n.parse::<u64>().unwrap() << 30,
+        None => limit.strip_suffix("Mi").unwrap().parse::<u64>().unwrap() << 20,
+    };
+    let bound: u64 = config
+        .consumers
+        .iter()
+        .map(|c| u64::from(c.max_in_flight) * (c.memory_limit.0 + (96 << 20)))
+        .sum::<u64>()
+        + (128 << 20);
+    assert!(
+        limit_bytes >= bound,
+        "memory limit {limit} under the bound {bound} bytes"
+    );
+    // The memory alert fires below that limit.
+    let alerts =
+        std::fs::read_to_string(repo_root().join("deploy/prometheus/idemhost-alerts.yaml"))
+            .unwrap();
+    let threshold_gib: f64 = alerts
+        .lines()
+        .find_map(|l| {
+            l.split("process_resident_memory_bytes{job=\"idemhost\"} > ")
+                .nth(1)
+        })
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the memory alert's threshold");
+    assert!(
+        threshold_gib * f64::from(1u32 << 30) < limit_bytes as f64,
+        "memory alert at {threshold_gib} GiB does not fire below the {limit} limit"
+    );
 
     let service_port = &get(&m["Service"], &["spec", "ports"])
         .as_sequence()
@@ -387,4 +427,25 @@ fn license_and_upgrade_notes_cover_what_ships() {
         missing.is_empty(),
         "docs/upgrading.md has no note for {missing:?}"
     );
+}
+
+/// The demo servers `compose.servers.yaml` adds have no passwords: they are published on the
+/// host's loopback only, never on its network (they were on `network_mode: host`, PostgreSQL
+/// trusting every address).
+#[test]
+fn compose_servers_are_reachable_from_this_machine_only() {
+    let doc = &yaml_documents("compose.servers.yaml")[0];
+    for name in ["postgres", "nats"] {
+        let service = get(doc, &["services", name]);
+        assert!(
+            service.get("network_mode").is_none(),
+            "{name} on the host's network"
+        );
+        let ports = get(service, &["ports"]).as_sequence().unwrap();
+        assert!(!ports.is_empty());
+        for port in ports {
+            let port = port.as_str().unwrap();
+            assert!(port.starts_with("127.0.0.1:"), "{name} publishes {port}");
+        }
+    }
 }

@@ -391,6 +391,7 @@ pub async fn role_pool(
 
 mod provision;
 
+pub(crate) use provision::missing_tables;
 pub use provision::provision;
 #[cfg_attr(not(feature = "test-support"), allow(unused_imports))]
 pub use provision::provision_role;

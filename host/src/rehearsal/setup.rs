@@ -2,10 +2,17 @@
 //! schema that had none (its tables and functions, or the schema itself when the rehearsal
 //! created it) and the consumer's role when it did not exist. The delivery rolls back; with
 //! this, a `plugin test` leaves the server as it found it unless asked to keep the set-up.
-//! Only what the host's migrations name is dropped (its relations, its `idemhost_*` and
-//! `outbox_message_notify` functions): a table someone else made meanwhile stays.
+//!
+//! Nobody else may have started using what is taken back: the rehearsal holds the hosts'
+//! migrations lock from before its migrations to the end of the undo (a host starting on the
+//! schema meanwhile, or another `plugin test`, waits for it), and the undo keeps what shows
+//! use all the same — host tables holding rows (a host run with `--no-migrate`), a role with
+//! sessions. It drops only what the host's migrations name, without CASCADE: an object of
+//! someone else's that depends on them keeps them. Whatever cannot be taken back is reported
+//! as kept; the rehearsal's own result stands either way.
 
 use sqlx::{Connection as _, PgConnection, PgPool};
+use std::collections::HashSet;
 
 use crate::pg::{self, wall::quote_ident};
 
@@ -61,13 +68,16 @@ impl Before {
                 }
             }
         };
-        let known = pg::MIGRATOR.iter().count();
-        if migrate && !applied.is_empty() && applied.len() < known {
+        let applied_set: HashSet<i64> = applied.iter().copied().collect();
+        let missing = pg::MIGRATOR
+            .iter()
+            .filter(|m| !applied_set.contains(&m.version))
+            .count();
+        if migrate && !applied.is_empty() && missing > 0 {
             anyhow::bail!(
-                "schema {schema} has {} of this host's {known} migrations: `plugin test` would \
-                 apply the others and could not take them back. Run `idemhost migrate` first, \
-                 or pass --keep-setup (or --no-migrate)",
-                applied.len()
+                "schema {schema} lacks {missing} of this host's migrations: `plugin test` would \
+                 apply them and could not take them back. Run `idemhost migrate` first, or pass \
+                 --keep-setup (or --no-migrate)"
             );
         }
         let (relations, functions) = match oid {
@@ -99,82 +109,218 @@ impl Before {
         })
     }
 
-    /// Takes back what the set-up made, in one transaction on a connection of its own (the
-    /// rehearsal's pools are closed by then: no session of the role is left). Returns what it
-    /// removed, for the report.
-    pub(super) async fn undo(self, pool: &PgPool) -> anyhow::Result<Vec<String>> {
-        let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
-        let mut tx = conn.begin().await?;
-        let mut undone = Vec::new();
-        let s = quote_ident(&self.schema);
-        if self.unmigrated && !self.schema_existed {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {s} CASCADE"
-            )))
-            .execute(&mut *tx)
-            .await?;
-            undone.push(format!(
-                "schema {} (created for the host's migrations)",
-                self.schema
-            ));
-        } else if self.unmigrated {
-            let tables: Vec<String> = sqlx::query_scalar(
-                "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.oid <> ALL($2) \
-                   AND c.relname = ANY($3)",
-            )
-            .bind(&self.schema)
-            .bind(&self.relations)
-            .bind(crate::sql_gate::HOST_RELATIONS)
-            .fetch_all(&mut *tx)
-            .await?;
-            for table in &tables {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DROP TABLE IF EXISTS {table} CASCADE"
-                )))
-                .execute(&mut *tx)
-                .await?;
-            }
-            let functions: Vec<String> = sqlx::query_scalar(
-                "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
-                 WHERE n.nspname = $1 AND p.oid <> ALL($2) \
-                   AND (p.proname LIKE 'idemhost\\_%' OR p.proname = 'outbox_message_notify')",
-            )
-            .bind(&self.schema)
-            .bind(&self.functions)
-            .fetch_all(&mut *tx)
-            .await?;
-            for function in &functions {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DROP FUNCTION IF EXISTS {function} CASCADE"
-                )))
-                .execute(&mut *tx)
-                .await?;
-            }
-            undone.push(format!(
-                "the host's migrations in schema {} ({} tables, {} functions)",
-                self.schema,
-                tables.len(),
-                functions.len()
-            ));
+    /// Whether the rehearsal's migrations are its own to take back (the schema had none): then
+    /// it holds the migrations lock until its undo ends.
+    pub(super) fn migrates_for_itself(&self) -> bool {
+        self.unmigrated
+    }
+
+    /// Takes back what the set-up made, in the transaction of `lock` (the migrations lock the
+    /// rehearsal has held since before its migrations), else in one of its own. The
+    /// rehearsal's pools are closed by then: no session of the role is its own. Never fails:
+    /// what it could not take back is reported as kept, with why.
+    pub(super) async fn undo(self, lock: Option<PgConnection>, pool: &PgPool) -> Undone {
+        let mut undone = Undone::default();
+        let mut conn = match lock {
+            Some(conn) => conn,
+            None => match PgConnection::connect_with(&pool.connect_options()).await {
+                Ok(mut conn) => match sqlx::query("BEGIN").execute(&mut conn).await {
+                    Ok(_) => conn,
+                    Err(e) => return undone.all_kept(&self, &pg::describe(&e)),
+                },
+                Err(e) => return undone.all_kept(&self, &pg::describe(&e)),
+            },
+        };
+        // A session of someone else's holding a lock the undo needs must not hang it.
+        let bounded = "SET LOCAL lock_timeout = '5s'; SET LOCAL statement_timeout = '30s'";
+        if let Err(e) = sqlx::raw_sql(bounded).execute(&mut conn).await {
+            return undone.all_kept(&self, &pg::describe(&e));
         }
-        let exists_now: bool =
+        let s = quote_ident(&self.schema);
+        if self.unmigrated {
+            match self.host_rows(&mut conn).await {
+                Ok(true) => undone.kept.push(format!(
+                    "the host's migrations in schema {}: its tables hold rows this run did not \
+                     write (a host or another run used them)",
+                    self.schema
+                )),
+                Ok(false) => self.drop_migrations(&mut conn, &s, &mut undone).await,
+                Err(e) => undone.kept.push(format!(
+                    "the host's migrations in schema {}: {}",
+                    self.schema,
+                    pg::describe(&e)
+                )),
+            }
+        }
+        if !self.role_existed {
+            self.drop_role(&mut conn, &mut undone).await;
+        }
+        if let Err(e) = sqlx::query("COMMIT").execute(&mut conn).await {
+            return undone.all_kept(&self, &pg::describe(&e));
+        }
+        let _ = conn.close().await;
+        undone
+    }
+
+    /// Whether a host table the migrations made holds a row: the rehearsal's own delivery
+    /// rolled back, so a row is someone else's.
+    async fn host_rows(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.oid <> ALL($2) \
+               AND c.relname = ANY($3) AND c.relname <> '_sqlx_migrations' AND c.relname <> 'idemhost_key'",
+        )
+        .bind(&self.schema)
+        .bind(&self.relations)
+        .bind(crate::sql_gate::HOST_RELATIONS)
+        .fetch_all(&mut *conn)
+        .await?;
+        for table in tables {
+            let used: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT EXISTS (SELECT 1 FROM {table})"
+            )))
+            .fetch_one(&mut *conn)
+            .await?;
+            if used {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Drops the relations and functions the migrations made (and the schema, when the
+    /// rehearsal made it), each step in a savepoint: what fails is kept.
+    async fn drop_migrations(&self, conn: &mut PgConnection, s: &str, undone: &mut Undone) {
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.oid <> ALL($2) \
+               AND c.relname = ANY($3)",
+        )
+        .bind(&self.schema)
+        .bind(&self.relations)
+        .bind(crate::sql_gate::HOST_RELATIONS)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+        let functions: Vec<String> = sqlx::query_scalar(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 AND p.oid <> ALL($2) \
+               AND (p.proname LIKE 'idemhost\\_%' OR p.proname = 'outbox_message_notify')",
+        )
+        .bind(&self.schema)
+        .bind(&self.functions)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+        let mut statements = Vec::new();
+        if !tables.is_empty() {
+            statements.push(format!("DROP TABLE {}", tables.join(", ")));
+        }
+        if !functions.is_empty() {
+            statements.push(format!("DROP FUNCTION {}", functions.join(", ")));
+        }
+        let what = format!(
+            "the host's migrations in schema {} ({} tables, {} functions)",
+            self.schema,
+            tables.len(),
+            functions.len()
+        );
+        match savepoint(conn, &statements).await {
+            Ok(()) => undone.removed.push(what),
+            Err(why) => {
+                undone.kept.push(format!("{what}: {why}"));
+                return;
+            }
+        }
+        if !self.schema_existed {
+            match savepoint(conn, &[format!("DROP SCHEMA {s}")]).await {
+                Ok(()) => undone.removed.push(format!("schema {}", self.schema)),
+                Err(why) => undone.kept.push(format!("schema {}: {why}", self.schema)),
+            }
+        }
+    }
+
+    /// Drops the role the rehearsal made, unless a session uses it.
+    async fn drop_role(&self, conn: &mut PgConnection, undone: &mut Undone) {
+        let sessions: Result<i64, _> =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = $1")
+                .bind(&self.role)
+                .fetch_one(&mut *conn)
+                .await;
+        let exists: Result<bool, _> =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
                 .bind(&self.role)
-                .fetch_one(&mut *tx)
-                .await?;
-        if !self.role_existed && exists_now {
-            let r = quote_ident(&self.role);
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP OWNED BY {r}")))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE {r}")))
-                .execute(&mut *tx)
-                .await?;
-            undone.push(format!("role {}", self.role));
+                .fetch_one(&mut *conn)
+                .await;
+        match (sessions, exists) {
+            (Err(e), _) | (_, Err(e)) => {
+                undone
+                    .kept
+                    .push(format!("role {}: {}", self.role, pg::describe(&e)))
+            }
+            (_, Ok(false)) => {}
+            (Ok(0), Ok(true)) => {
+                let r = quote_ident(&self.role);
+                let drop = [format!("DROP OWNED BY {r}"), format!("DROP ROLE {r}")];
+                match savepoint(conn, &drop).await {
+                    Ok(()) => undone.removed.push(format!("role {}", self.role)),
+                    Err(why) => undone.kept.push(format!("role {}: {why}", self.role)),
+                }
+            }
+            (Ok(n), Ok(true)) => undone.kept.push(format!(
+                "role {}: {n} session(s) of it are open (someone else uses it)",
+                self.role
+            )),
         }
-        tx.commit().await?;
-        let _ = conn.close().await;
-        Ok(undone)
+    }
+}
+
+/// What the undo took back, and what it kept and why.
+#[derive(Debug, Default)]
+pub(super) struct Undone {
+    pub(super) removed: Vec<String>,
+    pub(super) kept: Vec<String>,
+}
+
+impl Undone {
+    /// Nothing could be taken back (`why`): everything the set-up made is kept.
+    fn all_kept(mut self, before: &Before, why: &str) -> Undone {
+        self.removed.clear();
+        if before.unmigrated {
+            self.kept.push(format!(
+                "the host's migrations in schema {}: {why}",
+                before.schema
+            ));
+        }
+        if !before.role_existed {
+            self.kept.push(format!("role {}: {why}", before.role));
+        }
+        self
+    }
+}
+
+/// Runs `statements` in a savepoint; on an error, rolls back to it and says why.
+async fn savepoint(conn: &mut PgConnection, statements: &[String]) -> Result<(), String> {
+    let run = async {
+        sqlx::query("SAVEPOINT idemhost_undo")
+            .execute(&mut *conn)
+            .await?;
+        for statement in statements {
+            sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+                .execute(&mut *conn)
+                .await?;
+        }
+        sqlx::query("RELEASE SAVEPOINT idemhost_undo")
+            .execute(&mut *conn)
+            .await
+    };
+    match run.await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let _ = sqlx::query("ROLLBACK TO SAVEPOINT idemhost_undo")
+                .execute(&mut *conn)
+                .await;
+            Err(pg::describe(&e))
+        }
     }
 }

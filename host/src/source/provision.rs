@@ -18,17 +18,32 @@ pub(super) struct Provisioned {
     pub(super) exhausted: Option<Consumer<pull::Config>>,
 }
 
-/// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
-/// consumer — of `partition`, with `partitions`.
-pub(super) async fn provision(
-    js: &jetstream::Context,
-    config: &ConsumerConfig,
-    partition: Option<u32>,
-) -> anyhow::Result<Provisioned> {
+/// What the servers will refuse for this consumer, found by reading only, so that a start
+/// refused for any consumer changes nothing for any (`Host::run` checks every consumer before
+/// the first change): what the NATS server cannot do, a stream that is missing without
+/// `create_stream`, an existing stream without the partition transform.
+pub(crate) async fn check(js: &jetstream::Context, config: &ConsumerConfig) -> anyhow::Result<()> {
+    refuse_unsupported(js, config)?;
+    match js.get_stream(&config.stream).await {
+        Ok(stream) => check_transform(config, &stream.cached_info().config),
+        // Made by provisioning, after every consumer passed.
+        Err(_) if config.create_stream => Ok(()),
+        Err(e) => Err(anyhow::Error::new(e).context(stream_not_found(config))),
+    }
+}
+
+fn stream_not_found(config: &ConsumerConfig) -> String {
+    format!(
+        "consumer {}: stream {} not found (create it, or set create_stream = true)",
+        config.name, config.stream
+    )
+}
+
+/// What the server cannot do is refused before anything on it changes: a refused start must
+/// leave the stream and an existing durable (its position in the stream) as they were.
+fn refuse_unsupported(js: &jetstream::Context, config: &ConsumerConfig) -> anyhow::Result<()> {
     let name = &config.name;
-    // What the server cannot do is refused before anything on it changes: a refused start
-    // must leave the stream and an existing durable (its position in the stream) as they were.
-    if partition.is_some() {
+    if config.partitions > 0 {
         partition::check_server(&js.client(), name)?;
     }
     if config.subjects.len() > 1 {
@@ -42,25 +57,44 @@ pub(super) async fn provision(
             )
         })?;
     }
-    let stream = stream(js, config).await?;
-    if config.partitions > 0 {
-        // Without the transform nothing would match the partitions' filters (or a producer
-        // could pick a partition by publishing `<subject>.<n>` itself).
-        let wanted = partition::transform(&config.subjects[0], config.partitions);
-        let have = &stream.cached_info().config;
-        if have.subject_transform.as_ref() != Some(&wanted) {
-            anyhow::bail!(
-                "consumer {name}: `partitions = {}` needs stream {} to put the partition in the \
-                 subject: subject_transform {{ src = \"{}\", dest = \"{}\" }} (it has {:?}; \
-                 create_stream = true sets it when it creates the stream)",
-                config.partitions,
-                config.stream,
-                wanted.source,
-                wanted.destination,
-                have.subject_transform
-            );
-        }
+    Ok(())
+}
+
+/// With partitions, the stream must put the partition in the subject: without the transform
+/// nothing would match the partitions' filters (or a producer could pick a partition by
+/// publishing `<subject>.<n>` itself).
+fn check_transform(config: &ConsumerConfig, have: &stream::Config) -> anyhow::Result<()> {
+    if config.partitions == 0 {
+        return Ok(());
     }
+    let wanted = partition::transform(&config.subjects[0], config.partitions);
+    if have.subject_transform.as_ref() != Some(&wanted) {
+        anyhow::bail!(
+            "consumer {}: `partitions = {}` needs stream {} to put the partition in the \
+             subject: subject_transform {{ src = \"{}\", dest = \"{}\" }} (it has {:?}; \
+             create_stream = true sets it when it creates the stream)",
+            config.name,
+            config.partitions,
+            config.stream,
+            wanted.source,
+            wanted.destination,
+            have.subject_transform
+        );
+    }
+    Ok(())
+}
+
+/// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
+/// consumer — of `partition`, with `partitions`.
+pub(super) async fn provision(
+    js: &jetstream::Context,
+    config: &ConsumerConfig,
+    partition: Option<u32>,
+) -> anyhow::Result<Provisioned> {
+    let name = &config.name;
+    refuse_unsupported(js, config)?;
+    let stream = stream(js, config).await?;
+    check_transform(config, &stream.cached_info().config)?;
     dead_letter_stream(js, config).await?;
     let durable = match partition {
         Some(p) => partition::durable(config, p),
@@ -191,12 +225,9 @@ async fn stream(
         }
         stream
     } else {
-        js.get_stream(&config.stream).await.with_context(|| {
-            format!(
-                "consumer {name}: stream {} not found (create it, or set create_stream = true)",
-                config.stream
-            )
-        })?
+        js.get_stream(&config.stream)
+            .await
+            .with_context(|| stream_not_found(config))?
     })
 }
 

@@ -135,34 +135,7 @@ async fn provision_role_once(
     )))
     .execute(&mut *tx)
     .await?;
-    // A table `tables` names that is not there is the configuration's mistake, not the role's:
-    // said as such before anything is created or granted (it was reported as a role that is
-    // not ready, with the whole script to create one).
-    let named: Vec<String> = tables
-        .iter()
-        .filter(|t| *t != "*")
-        .map(|t| qualified(&schema, t))
-        .collect();
-    let absent: Vec<String> = sqlx::query_scalar(
-        "SELECT x FROM unnest($1::text[]) x WHERE pg_catalog.to_regclass(x) IS NULL",
-    )
-    .bind(&named)
-    .fetch_all(&mut *tx)
-    .await?;
-    if !absent.is_empty() {
-        anyhow::bail!(
-            "consumer {consumer_name}: `tables` names {} that do{} not exist: {}. Create {} \
-             first (your own migration, applied before the host starts) or correct `tables`",
-            if absent.len() == 1 {
-                "a table"
-            } else {
-                "tables"
-            },
-            if absent.len() == 1 { "es" } else { "" },
-            absent.join(", "),
-            if absent.len() == 1 { "it" } else { "them" },
-        );
-    }
+    missing_tables(&mut tx, consumer_name, &schema, tables).await?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
             .bind(role)
@@ -290,6 +263,40 @@ async fn provision_role_once(
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Refuses a `tables` entry that is not there: the configuration's mistake, not the role's,
+/// said as such before anything is created or granted (it was reported as a role that is not
+/// ready, with the whole script to create one). Reads only.
+pub(crate) async fn missing_tables(
+    conn: &mut sqlx::PgConnection,
+    consumer_name: &str,
+    schema: &str,
+    tables: &[String],
+) -> anyhow::Result<()> {
+    let named: Vec<String> = tables
+        .iter()
+        .filter(|t| *t != "*")
+        .map(|t| qualified(schema, t))
+        .collect();
+    let absent: Vec<String> = sqlx::query_scalar(
+        "SELECT x FROM unnest($1::text[]) x WHERE pg_catalog.to_regclass(x) IS NULL",
+    )
+    .bind(&named)
+    .fetch_all(conn)
+    .await?;
+    if absent.is_empty() {
+        return Ok(());
+    }
+    let one = absent.len() == 1;
+    anyhow::bail!(
+        "consumer {consumer_name}: `tables` names {} that do{} not exist: {}. Create {} first \
+         (your own migration, applied before the host starts) or correct `tables`",
+        if one { "a table" } else { "tables" },
+        if one { "es" } else { "" },
+        absent.join(", "),
+        if one { "it" } else { "them" },
+    )
 }
 
 /// The sequences owned by `tables` (`*`: every table of `schema`), as qualified names.
