@@ -294,7 +294,8 @@ pub struct HostConfig {
     #[serde(default)]
     pub compile_cache: Option<PathBuf>,
     /// The compile cache's bound: past it, the artifacts used least recently are removed (an
-    /// interpreter-sized plugin compiles to ~35 MB).
+    /// interpreter-sized plugin compiles to ~35 MB), except those used in the last hour (by
+    /// this process or another sharing the directory), so the bound is soft by that much.
     #[serde(default = "default_compile_cache_max")]
     pub compile_cache_max: ByteSize,
     /// Debugging aid: log each delivery's payload size and sha256 (never the payload itself).

@@ -147,10 +147,6 @@ async fn serve(
     let nats_url = pg::redact_urls(&config.nats.url);
     let (client, js) = source::connect_nats(&config.nats).await?;
     readiness.watch(client.clone(), pool.clone());
-    // Every consumer is checked against both servers before anything on them changes: a start
-    // refused for one consumer leaves the schema unmigrated, no role made and no stream or
-    // durable created for any.
-    preflight(config, native, pool, &js).await?;
     let store = match (config.plugins.store, &runtime) {
         (Some(PluginStoreKind::Nats), Some(_)) => {
             Some(NatsStore::open(&js, &config.plugins).await?)
@@ -159,6 +155,10 @@ async fn serve(
     };
 
     let (registry, watched) = load(config, native, runtime, store.as_ref()).await?;
+    // Every plugin is loaded and every consumer checked against both servers before anything
+    // on them changes: a start refused for one consumer leaves the schema unmigrated, no role
+    // made and no stream or durable created for any.
+    preflight(config, native, pool, &js).await?;
     if options.migrate {
         pg::migrate(pool, config.postgres.schema.as_deref()).await?;
     }

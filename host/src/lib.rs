@@ -84,7 +84,7 @@ pub use tx_handle::{TxError, TxHandle};
 #[allow(missing_docs)]
 pub mod test_support {
     pub use crate::admin::{http, probe};
-    pub use crate::metrics::Metrics;
+    pub use crate::metrics::{EventTypeLabels, Metrics};
     pub use crate::outbox::{Origin, event_headers, event_id, relay};
     /// The database layer's helpers the tests call.
     pub mod pg {

@@ -217,10 +217,17 @@ impl PluginRuntime {
     }
 
     /// Bounds the compile cache's artifacts to `max_bytes` in total (default
-    /// [`DEFAULT_COMPILE_CACHE_MAX`]), evicting the least recently used past it.
+    /// [`DEFAULT_COMPILE_CACHE_MAX`]), evicting the least recently used past it — but none
+    /// used within the last hour (see [`Self::set_compile_cache_bound`]).
     pub fn set_compile_cache_max(&mut self, max_bytes: u64) {
+        self.set_compile_cache_bound(max_bytes, cache::DEFAULT_MIN_IDLE);
+    }
+
+    /// [`Self::set_compile_cache_max`] with the idle time under which an artifact is never
+    /// evicted (it may be in use by another process sharing the directory).
+    pub fn set_compile_cache_bound(&mut self, max_bytes: u64, min_idle: Duration) {
         if let Some(cache) = &mut self.cache {
-            cache.set_max_bytes(max_bytes);
+            cache.set_bound(max_bytes, min_idle);
         }
     }
 

@@ -2,7 +2,11 @@
 //! hash: a restart or a second replica deserializes an artifact (milliseconds) instead of
 //! compiling the component again (seconds for an interpreter-sized one). The directory is
 //! bounded (`host.compile_cache_max`): past the bound, the artifacts used least recently are
-//! removed (a load marks its artifact used), never the one just written.
+//! removed (a load marks its artifact used) — never the one just written, nor one used within
+//! [`DEFAULT_MIN_IDLE`]: processes sharing the directory (replicas on one volume, a host and
+//! `plugin test`) may be about to load it, and evicting what is in use would have each of them
+//! compile it again, for ever, whenever their working set exceeds the bound. The bound is
+//! therefore soft by what was used in the last hour.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -19,6 +23,8 @@ const MAGIC: &[u8; 16] = b"idemhost-cwasm1\n";
 
 /// The default bound of a compile cache directory's artifacts.
 pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
+/// An artifact used (loaded or written) more recently than this is never evicted.
+pub(crate) const DEFAULT_MIN_IDLE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A directory of compiled components that only this user can write.
 #[derive(Debug, Clone)]
@@ -28,6 +34,8 @@ pub(crate) struct CompileCache {
     engine_key: String,
     /// The artifacts' total size past which the least recently used are removed.
     max_bytes: u64,
+    /// Artifacts used more recently than this stay, over the bound or not.
+    min_idle: std::time::Duration,
 }
 
 impl CompileCache {
@@ -63,12 +71,15 @@ impl CompileCache {
             dir: dir.to_path_buf(),
             engine_key: format!("{:016x}", hasher.finish()),
             max_bytes: DEFAULT_MAX_BYTES,
+            min_idle: DEFAULT_MIN_IDLE,
         })
     }
 
-    /// Bounds the artifacts' total size, evicting now down to it.
-    pub(crate) fn set_max_bytes(&mut self, max_bytes: u64) {
+    /// Bounds the artifacts' total size (artifacts used within `min_idle` excepted), evicting
+    /// now down to it.
+    pub(crate) fn set_bound(&mut self, max_bytes: u64, min_idle: std::time::Duration) {
         self.max_bytes = max_bytes;
+        self.min_idle = min_idle;
         self.evict(None);
     }
 
@@ -80,7 +91,7 @@ impl CompileCache {
             return 0;
         };
         let now = std::time::SystemTime::now();
-        let mut artifacts = Vec::new();
+        let mut artifacts: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             let Ok(meta) = entry.metadata() else { continue };
@@ -100,12 +111,17 @@ impl CompileCache {
         let mut total: u64 = artifacts.iter().map(|(_, len, _)| len).sum();
         artifacts.sort();
         let mut removed = 0;
-        for (_, len, path) in artifacts {
+        for (modified, len, path) in artifacts {
             if total <= self.max_bytes {
                 break;
             }
             if Some(path.as_path()) == keep {
                 continue;
+            }
+            let idle = now.duration_since(modified).unwrap_or_default();
+            if idle < self.min_idle {
+                // In use, here or in another process: the rest are newer still.
+                break;
             }
             if std::fs::remove_file(&path).is_ok() {
                 tracing::info!(path = %path.display(), bytes = len, "compile cache over host.compile_cache_max; evicted the least recently used artifact");
