@@ -371,13 +371,7 @@ async fn preflight(
     pool: &PgPool,
     js: &async_nats::jetstream::Context,
 ) -> anyhow::Result<()> {
-    let schema = match &config.postgres.schema {
-        Some(schema) => schema.clone(),
-        None => sqlx::query_scalar::<_, Option<String>>("SELECT current_schema()::text")
-            .fetch_one(pool)
-            .await?
-            .unwrap_or_else(|| "public".into()),
-    };
+    let schema = pg::schema_name(pool, config.postgres.schema.as_deref()).await?;
     let mut conn = pool.acquire().await?;
     for c in &config.consumers {
         source::check_consumer(js, c).await?;

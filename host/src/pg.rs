@@ -240,6 +240,18 @@ pub(crate) async fn migrate_holding(
     Ok(lock)
 }
 
+/// The schema the host's objects are in: `configured` (`postgres.schema`), else the session's
+/// current one (`public` when its search path names none that exists).
+pub(crate) async fn schema_name(pool: &PgPool, configured: Option<&str>) -> anyhow::Result<String> {
+    Ok(match configured {
+        Some(schema) => schema.to_string(),
+        None => sqlx::query_scalar::<_, Option<String>>("SELECT current_schema()::text")
+            .fetch_one(pool)
+            .await?
+            .unwrap_or_else(|| "public".into()),
+    })
+}
+
 /// For `--no-migrate`: refuses a schema that lacks one of this binary's migrations (it would
 /// fail later, on a function or a column that is not there) and names what to run.
 pub(crate) async fn check_migrated(pool: &PgPool) -> anyhow::Result<()> {

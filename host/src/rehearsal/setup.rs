@@ -37,13 +37,7 @@ impl Before {
         role: &str,
         migrate: bool,
     ) -> anyhow::Result<Before> {
-        let schema = match schema {
-            Some(s) => s.to_string(),
-            None => sqlx::query_scalar::<_, Option<String>>("SELECT current_schema()::text")
-                .fetch_one(pool)
-                .await?
-                .unwrap_or_else(|| "public".into()),
-        };
+        let schema = pg::schema_name(pool, schema).await?;
         let oid: Option<sqlx::postgres::types::Oid> =
             sqlx::query_scalar("SELECT oid FROM pg_namespace WHERE nspname = $1")
                 .bind(&schema)
@@ -162,19 +156,35 @@ impl Before {
         undone
     }
 
-    /// Whether a host table the migrations made holds a row: the rehearsal's own delivery
-    /// rolled back, so a row is someone else's.
-    async fn host_rows(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
-        let tables: Vec<String> = sqlx::query_scalar(
-            "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+    /// The host's tables that were not there before the rehearsal: name and qualified name.
+    async fn new_host_tables(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<(String, String)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT c.relname::text, c.oid::regclass::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.oid <> ALL($2) \
-               AND c.relname = ANY($3) AND c.relname <> '_sqlx_migrations' AND c.relname <> 'idemhost_key'",
+               AND c.relname = ANY($3)",
         )
         .bind(&self.schema)
         .bind(&self.relations)
         .bind(crate::sql_gate::HOST_RELATIONS)
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+    }
+
+    /// Whether a host table the migrations made holds a row: the rehearsal's own delivery
+    /// rolled back, so a row is someone else's.
+    async fn host_rows(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+        // The migrations' own bookkeeping holds rows of the rehearsal's.
+        let tables: Vec<String> = self
+            .new_host_tables(conn)
+            .await?
+            .into_iter()
+            .filter(|(name, _)| name != "_sqlx_migrations" && name != "idemhost_key")
+            .map(|(_, qualified)| qualified)
+            .collect();
         for table in tables {
             let used: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT EXISTS (SELECT 1 FROM {table})"
@@ -191,18 +201,8 @@ impl Before {
     /// Drops the relations and functions the migrations made (and the schema, when the
     /// rehearsal made it), each step in a savepoint: what fails is kept.
     async fn drop_migrations(&self, conn: &mut PgConnection, s: &str, undone: &mut Undone) {
-        let tables: Vec<String> = sqlx::query_scalar(
-            "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.oid <> ALL($2) \
-               AND c.relname = ANY($3)",
-        )
-        .bind(&self.schema)
-        .bind(&self.relations)
-        .bind(crate::sql_gate::HOST_RELATIONS)
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap_or_default();
-        let functions: Vec<String> = sqlx::query_scalar(
+        let tables = self.new_host_tables(conn).await;
+        let functions: Result<Vec<String>, _> = sqlx::query_scalar(
             "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = $1 AND p.oid <> ALL($2) \
                AND (p.proname LIKE 'idemhost\\_%' OR p.proname = 'outbox_message_notify')",
@@ -210,8 +210,24 @@ impl Before {
         .bind(&self.schema)
         .bind(&self.functions)
         .fetch_all(&mut *conn)
-        .await
-        .unwrap_or_default();
+        .await;
+        let (tables, functions) = match (tables, functions) {
+            (Ok(tables), Ok(functions)) => (
+                tables
+                    .into_iter()
+                    .map(|(_, qualified)| qualified)
+                    .collect::<Vec<_>>(),
+                functions,
+            ),
+            (Err(e), _) | (_, Err(e)) => {
+                undone.kept.push(format!(
+                    "the host's migrations in schema {}: {}",
+                    self.schema,
+                    pg::describe(&e)
+                ));
+                return;
+            }
+        };
         let mut statements = Vec::new();
         if !tables.is_empty() {
             statements.push(format!("DROP TABLE {}", tables.join(", ")));
