@@ -49,8 +49,12 @@ const MAX_LOG_LINE_BYTES: usize = 4096;
 /// attempt, whatever its sources (log calls, its error, the database's errors); notices never
 /// reach the host (the plugin's sessions have `client_min_messages = error`).
 const PLUGIN_LOG_BYTES: usize = (64 << 10) - crate::text::MAX_REASON_BYTES;
-/// Slots whose leftover memory is decommitted with one batch of system calls.
-const DECOMMIT_BATCH: usize = 16;
+/// Slots whose leftover memory (past `keep_resident`) is decommitted together. One: as each
+/// instance ends. A batch of 16 left the pages of up to 15 ended instances resident until other
+/// deliveries filled it — in an idle host for ever: four memory bombs of a 128 MiB
+/// `memory_limit` held 500 MiB (`contained.rs`). Batching saved no system call (each region is
+/// one `madvise` either way), only the flush's lock.
+const DECOMMIT_BATCH: usize = 1;
 
 /// Core instances one component may hold. A Rust or C component has a handful (its module and
 /// the adapter shims); componentize-py links the interpreter's libraries as separate modules:

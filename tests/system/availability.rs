@@ -161,8 +161,15 @@ impl Arena {
             * 1024
     }
 
+    /// The complete lines the host has written so far: a line it is writing while this reads
+    /// (the host runs on) is left out, not taken for a line of its own.
     fn log_text(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap()).into_owned()
+        let bytes = std::fs::read(&self.log).unwrap();
+        let complete = bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        String::from_utf8_lossy(&bytes[..complete]).into_owned()
     }
 
     pub(crate) async fn stop(mut self) {
