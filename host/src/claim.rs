@@ -208,18 +208,24 @@ impl Claimer {
     /// Deliveries on connections of `pool`'s own role: for native handlers embedded in a
     /// program (trusted code). Plugins get [`Claimer::with_plugin_pool`].
     pub fn new(pool: PgPool, settings: ClaimSettings) -> Self {
-        Self::with_plugin_pool(pool.clone(), pool, settings)
+        let connections = Connections::new(pool.clone(), settings.keep_connections);
+        Self::on(pool, connections, settings)
     }
 
-    /// Deliveries on connections of `plugin_pool` (logged in as the consumer's role); the
-    /// host's own statements outside a delivery on `host_pool`.
+    /// Deliveries on connections of `plugin_pool` (logged in as the consumer's role, a pool
+    /// of this consumer's own); the host's own statements outside a delivery on `host_pool`.
     pub fn with_plugin_pool(
         host_pool: PgPool,
         plugin_pool: PgPool,
         settings: ClaimSettings,
     ) -> Self {
+        let connections = Connections::of_own_pool(plugin_pool, settings.keep_connections);
+        Self::on(host_pool, connections, settings)
+    }
+
+    fn on(host_pool: PgPool, connections: Arc<Connections>, settings: ClaimSettings) -> Self {
         Claimer {
-            connections: Connections::new(plugin_pool, settings.keep_connections),
+            connections,
             host_pool,
             settings,
             wall: tokio::sync::OnceCell::new(),

@@ -351,3 +351,72 @@ async fn both_forms_of_the_clearing_clear_the_session() {
     assert_eq!(env.scalar("SELECT count(*) FROM effects").await, 3);
     env.cleanup().await;
 }
+
+/// A pool of the consumer's own (a plugin role's) of `size` connections, all of them kept.
+async fn own_pool(env: &TestEnv, size: u32) -> std::sync::Arc<Connections> {
+    let options =
+        idemhost::test_support::pg::connect_options(&PG_URL, Some(&env.schema), &env.schema)
+            .unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .unwrap();
+    Connections::of_own_pool(pool, size as usize)
+}
+
+/// Under load a consumer's own pool has no connection left (each is in a delivery); its
+/// connections stay kept all the same, instead of going back to the pool, which checks each one
+/// with a round trip as it is given back and another as it is taken: two of a delivery's six
+/// round trips before.
+#[tokio::test]
+async fn an_own_pools_connections_stay_kept_under_load() {
+    let env = TestEnv::new("kept_load").await;
+    let conns = own_pool(&env, 2).await;
+    for _ in 0..20 {
+        // Both connections in a transaction at once: the pool is exhausted as each ends.
+        let ((a, _), (b, _)) = tokio::join!(begin_pid(&conns), begin_pid(&conns));
+        a.commit_plain("COMMIT").await.unwrap();
+        b.commit_plain("COMMIT").await.unwrap();
+    }
+    // A connection given back to the pool shows there as idle once its check answered.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        conns.pool().num_idle(),
+        0,
+        "connections went back to the pool (each with its round trips) instead of being kept"
+    );
+    conns.pool().close().await;
+}
+
+/// A transaction waiting for a connection of the consumer's own pool takes one a finished
+/// transaction keeps, at once: nobody else would give the pool one back, and waiting on the pool
+/// alone would wait out its `acquire_timeout` (5 s here) while the connection sits kept.
+#[tokio::test]
+async fn a_transaction_waiting_on_an_own_pool_takes_a_kept_connection() {
+    let env = TestEnv::new("kept_wait").await;
+    let conns = own_pool(&env, 1).await;
+    let (first, pid) = begin_pid(&conns).await;
+    let waiting = tokio::spawn({
+        let conns = conns.clone();
+        async move {
+            let started = Instant::now();
+            let (tx, pid) = begin_pid(&conns).await;
+            tx.commit_plain("COMMIT").await.unwrap();
+            (started.elapsed(), pid)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.commit_plain("COMMIT").await.unwrap();
+    let (waited, then) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting transaction began")
+        .unwrap();
+    assert_eq!(then, pid, "the kept connection was taken");
+    assert!(
+        waited < Duration::from_secs(3),
+        "the waiting transaction began {waited:?} after it asked (the pool's acquire_timeout is 5 s)"
+    );
+    conns.pool().close().await;
+}

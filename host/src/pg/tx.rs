@@ -5,8 +5,13 @@
 //! transaction's. A consumer's [`Connections`] keeps some connections between deliveries instead
 //! (the host decides how many, leaving room in the pool for the others), and only a connection
 //! whose transaction ended cleanly (COMMIT or ROLLBACK answered) goes back there; any other goes
-//! back to the pool, which tests it. While the pool has none left to give, connections go back
-//! to it rather than be kept, so nobody waits on the pool for a connection a consumer keeps.
+//! back to the pool, which tests it. While a shared pool has none left to give, connections go
+//! back to it rather than be kept, so nobody waits on the pool for a connection a consumer
+//! keeps. A pool of the consumer's own (a plugin role's: [`Connections::of_own_pool`]) has no
+//! other taker: its connections are kept whatever it has left, and a transaction waiting for the
+//! pool takes a kept one as soon as one is given back. Under load such a pool is always
+//! exhausted (every connection in a delivery), so giving connections back to it cost every
+//! delivery the pool's two checks: two of its six round trips to the server.
 //!
 //! Kept connections age like the pool's own: one kept longer than the pool's `max_lifetime`
 //! (at most [`KEEP_AT_MOST`]) goes back to the pool, which closes it if it is past its lifetime
@@ -31,7 +36,11 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
 pub struct Connections {
     pool: PgPool,
     keep: usize,
+    /// Nobody but these transactions takes connections from `pool`.
+    own_pool: bool,
     idle: Mutex<Vec<Kept>>,
+    /// Told when a connection is kept (see [`Connections::take_from_pool`]).
+    returned: tokio::sync::Notify,
     /// A connection kept this long goes back to the pool (its `max_lifetime`, at most
     /// [`KEEP_AT_MOST`]).
     retire_after: Duration,
@@ -84,6 +93,16 @@ impl Connections {
     /// they are given back as soon as the pool starts closing. That takes a task on the tokio
     /// runtime: outside one, nothing is kept.
     pub fn new(pool: PgPool, keep: usize) -> Arc<Self> {
+        Self::build(pool, keep, false)
+    }
+
+    /// Keeps up to `keep` connections of `pool`, a pool that serves nobody else (a plugin
+    /// role's): kept even while the pool has none left to give (see the module's notes).
+    pub fn of_own_pool(pool: PgPool, keep: usize) -> Arc<Self> {
+        Self::build(pool, keep, true)
+    }
+
+    fn build(pool: PgPool, keep: usize, own_pool: bool) -> Arc<Self> {
         let runtime = tokio::runtime::Handle::try_current().ok();
         let keep = if runtime.is_some() { keep } else { 0 };
         let options = pool.options();
@@ -94,7 +113,9 @@ impl Connections {
         let this = Arc::new(Connections {
             pool,
             keep,
+            own_pool,
             idle: Mutex::new(Vec::with_capacity(keep)),
+            returned: tokio::sync::Notify::new(),
             retire_after,
             idle_timeout,
         });
@@ -151,7 +172,11 @@ impl Connections {
                     continue;
                 }
                 Some(kept) => (kept.conn, kept.since),
-                None => (self.pool.acquire().await?, Instant::now()),
+                None => match self.take_from_pool().await? {
+                    Some(conn) => (conn, Instant::now()),
+                    // A kept connection was given back first: take it.
+                    None => continue,
+                },
             };
             // From here the connection is in a `Tx`: dropped unfinished (this future
             // cancelled), it is closed, never pooled in the middle of a transaction.
@@ -187,6 +212,28 @@ impl Connections {
         }
     }
 
+    /// A connection from the pool; `None` when, from an exhausted pool of this consumer's own,
+    /// a kept connection was given back first. There only this consumer's transactions hold the
+    /// pool's connections, and they keep them: waiting on the pool alone would wait for ever
+    /// (for `acquire_timeout`) while connections sit kept. While the pool may still open one,
+    /// that is awaited: given up for a kept one, the half-opened connection was thrown away
+    /// again and again (a server process started and ended each time; the server's CPU per
+    /// delivery tripled in `idemhost bench`).
+    async fn take_from_pool(&self) -> Result<Option<PoolConnection<Postgres>>, sqlx::Error> {
+        if !self.own_pool || !self.exhausted() {
+            return self.pool.acquire().await.map(Some);
+        }
+        tokio::select! {
+            conn = self.pool.acquire() => conn.map(Some),
+            () = self.returned.notified() => Ok(None),
+        }
+    }
+
+    /// Whether the pool has no connection to give and may open none.
+    fn exhausted(&self) -> bool {
+        self.pool.num_idle() == 0 && self.pool.size() >= self.pool.options().get_max_connections()
+    }
+
     /// Gives every kept connection that is due back to the pool. Run on a timer (see
     /// [`Connections::new`]), not per transaction: the stack is last in, first out, so the ones
     /// under the top are not looked at by `begin`, which checks only the one it takes.
@@ -212,12 +259,11 @@ impl Connections {
                 .is_some_and(|t| kept.unused_since.elapsed() >= t)
     }
 
-    /// Keeps `conn` for the next transaction, unless this consumer keeps enough already, the
-    /// pool has none left to give (someone may be waiting for one) or the connection is due
-    /// back: then it goes back to the pool.
+    /// Keeps `conn` for the next transaction, unless this consumer keeps enough already, a
+    /// shared pool has none left to give (someone else may be waiting for one) or the
+    /// connection is due back: then it goes back to the pool.
     fn give_back(&self, conn: PoolConnection<Postgres>, since: Instant) {
-        let exhausted = self.pool.num_idle() == 0
-            && self.pool.size() >= self.pool.options().get_max_connections();
+        let exhausted = !self.own_pool && self.exhausted();
         let kept = Kept {
             conn,
             since,
@@ -230,6 +276,8 @@ impl Connections {
             && !self.aged(&kept)
         {
             idle.push(kept);
+            drop(idle);
+            self.returned.notify_one();
         }
         // Otherwise dropped: back to the pool.
     }
