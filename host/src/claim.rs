@@ -234,6 +234,12 @@ impl Claimer {
         }
     }
 
+    /// Its kept connections follow `failover` (see [`Connections::follow`]).
+    pub(crate) fn following(self, failover: &Arc<pg::Failover>) -> Self {
+        self.connections.follow(failover.clone());
+        self
+    }
+
     /// This claimer rehearses deliveries: see [`Rehearsal`]. Only the per-message path
     /// ([`Claimer::process`]) rehearses; a group-commit batch always commits.
     pub(crate) fn rehearsing(mut self, rehearsal: Rehearsal) -> Self {

@@ -404,7 +404,7 @@ async fn bind(
                 total_in_flight,
                 config.postgres.max_connections,
             );
-            Claimer::new(pool.clone(), settings)
+            Claimer::new(pool.clone(), settings).following(failover)
         } else {
             plugin_claimer(&config.postgres, pool, failover, c).await?
         };
@@ -472,11 +472,7 @@ pub(crate) async fn plugin_claimer(
     let mut settings = ClaimSettings::for_consumer(c);
     settings.keep_connections = size as usize;
     info!(consumer = %c.name, %role, connections = size, "plugin role ready");
-    Ok(Claimer::with_plugin_pool(
-        pool.clone(),
-        plugin_pool,
-        settings,
-    ))
+    Ok(Claimer::with_plugin_pool(pool.clone(), plugin_pool, settings).following(failover))
 }
 
 /// Pooled connections the host never lets consumers keep between deliveries: the outbox relay's

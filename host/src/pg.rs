@@ -14,7 +14,7 @@ pub(crate) use crate::config::postgres_url::{redact_url, redact_urls};
 pub(crate) mod failover;
 mod tx;
 pub mod wall;
-pub(crate) use failover::Failover;
+pub use failover::Failover;
 #[cfg(feature = "test-support")]
 pub use tx::session_failed;
 pub(crate) use tx::{Backend, CURRENT_XID, CommitSql, last_flag};

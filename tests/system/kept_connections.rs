@@ -420,3 +420,36 @@ async fn a_transaction_waiting_on_an_own_pool_takes_a_kept_connection() {
     );
     conns.pool().close().await;
 }
+
+/// After the primary moved, a connection kept from before the move is closed, not used for the
+/// next delivery: it may be to the old primary, still taking writes (promoted over without
+/// fencing). Kept connections went on taking claims there until they aged out (a minute).
+#[tokio::test]
+async fn a_connection_kept_from_before_a_move_is_not_used_again() {
+    let env = TestEnv::new("kept_move").await;
+    let config = idemhost::Config::from_toml(
+        &env.postgres_toml(),
+        Vec::new(),
+        std::path::Path::new("test.toml"),
+        std::path::Path::new("."),
+    )
+    .unwrap();
+    let failover = idemhost::test_support::pg::Failover::find(&config.postgres)
+        .await
+        .unwrap();
+    let conns = own_pool(&env, 2).await;
+    conns.follow(failover.clone());
+    let (tx, before) = begin_pid(&conns).await;
+    tx.commit_plain("COMMIT").await.unwrap();
+    let (tx, again) = begin_pid(&conns).await;
+    tx.commit_plain("COMMIT").await.unwrap();
+    assert_eq!(again, before, "kept while nothing moved");
+    failover.note_move();
+    let (tx, after) = begin_pid(&conns).await;
+    tx.commit_plain("COMMIT").await.unwrap();
+    assert_ne!(
+        after, before,
+        "the connection kept from before the move was used again"
+    );
+    conns.pool().close().await;
+}

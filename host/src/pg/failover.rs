@@ -10,7 +10,8 @@
 //! every pool of the host (its own and the plugins' role pools) at it: connections opened from
 //! then on go there, and a pool hands out no connection opened before the move (it closes it):
 //! an old primary that still takes writes — promoted over without fencing — gets no more claims
-//! from the pools (a consumer's kept connections return to the pool within a minute at most). Connections already open to a server that died fail and are discarded; a
+//! from the pools, nor from the connections a consumer keeps between deliveries (each is checked as it is
+//! taken: one taken from its pool before the move is closed). Connections already open to a server that died fail and are discarded; a
 //! transaction that fails on one is rolled back or lost with its server, never acked, and its
 //! message is redelivered and decided by the marker on the new primary (docs/scaling.md says
 //! what the replication settings must be for an acked commit to be on that primary).
@@ -116,6 +117,20 @@ impl Failover {
     pub fn opened_before_move(&self, age: Duration) -> bool {
         let at = *self.switched_at.lock().unwrap_or_else(|p| p.into_inner());
         at.is_some_and(|at| age > at.elapsed())
+    }
+
+    /// Whether the pools moved to another server after `at` (a connection taken from a pool
+    /// before then may be to the old one: the pool's check at acquire did not see the move).
+    pub fn moved_since(&self, at: std::time::Instant) -> bool {
+        let moved = *self.switched_at.lock().unwrap_or_else(|p| p.into_inner());
+        moved.is_some_and(|moved| moved > at)
+    }
+
+    /// Records a move to the server in use (the tests' stand-in for a promotion).
+    #[cfg(feature = "test-support")]
+    pub fn note_move(&self) {
+        *self.switched_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now());
     }
 
     /// Pool options that close, rather than hand out, a connection opened before the last move:

@@ -41,6 +41,8 @@ pub struct Connections {
     idle: Mutex<Vec<Kept>>,
     /// Told when a connection is kept (see [`Connections::take_from_pool`]).
     returned: tokio::sync::Notify,
+    /// The primary the pool follows: a kept connection taken before it moved is closed.
+    failover: std::sync::OnceLock<Arc<super::Failover>>,
     /// A connection kept this long goes back to the pool (its `max_lifetime`, at most
     /// [`KEEP_AT_MOST`]).
     retire_after: Duration,
@@ -116,6 +118,7 @@ impl Connections {
             own_pool,
             idle: Mutex::new(Vec::with_capacity(keep)),
             returned: tokio::sync::Notify::new(),
+            failover: std::sync::OnceLock::new(),
             retire_after,
             idle_timeout,
         });
@@ -150,6 +153,13 @@ impl Connections {
         this
     }
 
+    /// Follows `failover`: a kept connection taken from the pool before the primary moved is
+    /// closed, not used again (it may be to an old primary that still takes writes). Before, such
+    /// connections went on taking claims until they aged out, for up to [`KEEP_AT_MOST`].
+    pub fn follow(&self, failover: Arc<super::Failover>) {
+        let _ = self.failover.set(failover);
+    }
+
     /// The pool behind the kept connections, for statements outside a delivery.
     #[cfg_attr(not(feature = "test-support"), allow(dead_code))]
     pub fn pool(&self) -> &PgPool {
@@ -166,6 +176,12 @@ impl Connections {
             let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             let from_pool = kept.is_none();
             let (conn, since) = match kept {
+                Some(kept) if self.moved_since(&kept) => {
+                    // Maybe to the old primary: closed; the next one is tried.
+                    let mut conn = kept.conn;
+                    conn.close_on_drop();
+                    continue;
+                }
                 Some(kept) if self.aged(&kept) => {
                     // Back to the pool, which closes or tests it; the next one is tried.
                     drop(kept);
@@ -229,6 +245,13 @@ impl Connections {
         }
     }
 
+    /// Whether `kept` was taken from the pool before the primary moved.
+    fn moved_since(&self, kept: &Kept) -> bool {
+        self.failover
+            .get()
+            .is_some_and(|failover| failover.moved_since(kept.since))
+    }
+
     /// Whether the pool has no connection to give and may open none.
     fn exhausted(&self) -> bool {
         self.pool.num_idle() == 0 && self.pool.size() >= self.pool.options().get_max_connections()
@@ -240,8 +263,9 @@ impl Connections {
     fn sweep(&self) {
         let due: Vec<Kept> = match self.idle.lock() {
             Ok(mut idle) => {
-                let (due, keep): (Vec<Kept>, Vec<Kept>) =
-                    idle.drain(..).partition(|k| self.aged(k));
+                let (due, keep): (Vec<Kept>, Vec<Kept>) = idle
+                    .drain(..)
+                    .partition(|k| self.aged(k) || self.moved_since(k));
                 *idle = keep;
                 due
             }
