@@ -212,14 +212,24 @@ impl Claimer {
         Self::on(pool, connections, settings)
     }
 
-    /// Deliveries on connections of `plugin_pool` (logged in as the consumer's role, a pool
-    /// of this consumer's own); the host's own statements outside a delivery on `host_pool`.
+    /// Deliveries on connections of `plugin_pool` (logged in as the consumer's role); the
+    /// host's own statements outside a delivery on `host_pool`. A `plugin_pool` other than
+    /// `host_pool` must be this consumer's alone: its connections are kept between deliveries
+    /// even while it has none left to give (see [`Connections::of_own_pool`]).
     pub fn with_plugin_pool(
         host_pool: PgPool,
         plugin_pool: PgPool,
         settings: ClaimSettings,
     ) -> Self {
-        let connections = Connections::of_own_pool(plugin_pool, settings.keep_connections);
+        // The same pool for both (as `Claimer::new` has it) is not one of its own: the host's
+        // statements take connections from it too.
+        let shared = Arc::ptr_eq(&host_pool.connect_options(), &plugin_pool.connect_options());
+        let keep = settings.keep_connections;
+        let connections = if shared {
+            Connections::new(plugin_pool, keep)
+        } else {
+            Connections::of_own_pool(plugin_pool, keep)
+        };
         Self::on(host_pool, connections, settings)
     }
 

@@ -469,6 +469,15 @@ pub async fn wait_ready(admin: &str, timeout: Duration) {
     .await;
 }
 
+/// `command` without the compiler wrapper `scripts/test.sh` lints the workspace with (clippy's
+/// driver, warnings as errors): a cargo build a test starts (the plugins' workspace, a plugin
+/// project) is built as a user's would be, with the artifacts it shares.
+pub fn without_lints(command: &mut std::process::Command) -> &mut std::process::Command {
+    command
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
+}
+
 /// Runs `command` to its end; panics with its output unless it succeeded.
 pub fn run_ok(command: &mut std::process::Command) -> std::process::Output {
     let out = command.output().unwrap();

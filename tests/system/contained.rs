@@ -323,7 +323,14 @@ async fn a_bombs_memory_goes_back_while_the_host_idles() {
         || async { (hostile.dead_letters().await.len() >= BOMBS).then_some(()) },
     )
     .await;
-    // Nothing runs after the bombs: what they touched must be returned all the same.
+    // The bombs did touch their memory (the host's peak resident set)...
+    let touched = (status_kib(host.id(), "VmHWM:").unwrap() * 1024).saturating_sub(baseline);
+    assert!(
+        touched >= 100 << 20,
+        "the bombs touched only {} KiB",
+        touched >> 10
+    );
+    // ...and nothing runs after them: what they touched must be returned all the same.
     let bound = baseline + (MEMORY_LIMIT_MIB / 2) * (1 << 20);
     let mut last = rss_bytes(host);
     let peak = last;

@@ -374,12 +374,16 @@ async fn own_pool(env: &TestEnv, size: u32) -> std::sync::Arc<Connections> {
 async fn an_own_pools_connections_stay_kept_under_load() {
     let env = TestEnv::new("kept_load").await;
     let conns = own_pool(&env, 2).await;
+    let mut pids = HashSet::new();
     for _ in 0..20 {
         // Both connections in a transaction at once: the pool is exhausted as each ends.
-        let ((a, _), (b, _)) = tokio::join!(begin_pid(&conns), begin_pid(&conns));
+        let ((a, pa), (b, pb)) = tokio::join!(begin_pid(&conns), begin_pid(&conns));
         a.commit_plain("COMMIT").await.unwrap();
         b.commit_plain("COMMIT").await.unwrap();
+        pids.extend([pa, pb]);
     }
+    assert_eq!(pids.len(), 2, "the same two sessions throughout: {pids:?}");
+    assert_eq!(conns.pool().size(), 2);
     // A connection given back to the pool shows there as idle once its check answered.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
@@ -396,28 +400,36 @@ async fn an_own_pools_connections_stay_kept_under_load() {
 #[tokio::test]
 async fn a_transaction_waiting_on_an_own_pool_takes_a_kept_connection() {
     let env = TestEnv::new("kept_wait").await;
-    let conns = own_pool(&env, 1).await;
-    let (first, pid) = begin_pid(&conns).await;
-    let waiting = tokio::spawn({
-        let conns = conns.clone();
-        async move {
-            let started = Instant::now();
-            let (tx, pid) = begin_pid(&conns).await;
-            tx.commit_plain("COMMIT").await.unwrap();
-            (started.elapsed(), pid)
-        }
-    });
+    let conns = own_pool(&env, 2).await;
+    // Both connections in a transaction, two more transactions waiting, then both end at once.
+    let ((first, p1), (second, p2)) = tokio::join!(begin_pid(&conns), begin_pid(&conns));
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let conns = conns.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let (tx, pid) = begin_pid(&conns).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                tx.commit_plain("COMMIT").await.unwrap();
+                (started.elapsed(), pid)
+            })
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    first.commit_plain("COMMIT").await.unwrap();
-    let (waited, then) = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiting transaction began")
-        .unwrap();
-    assert_eq!(then, pid, "the kept connection was taken");
-    assert!(
-        waited < Duration::from_secs(3),
-        "the waiting transaction began {waited:?} after it asked (the pool's acquire_timeout is 5 s)"
-    );
+    let (a, b) = tokio::join!(first.commit_plain("COMMIT"), second.commit_plain("COMMIT"));
+    a.unwrap();
+    b.unwrap();
+    for waiter in waiting {
+        let (waited, then) = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiting transaction began")
+            .unwrap();
+        assert!([p1, p2].contains(&then), "a kept connection was taken");
+        assert!(
+            waited < Duration::from_secs(3),
+            "a waiting transaction began {waited:?} after it asked (the pool's acquire_timeout is 5 s)"
+        );
+    }
     conns.pool().close().await;
 }
 

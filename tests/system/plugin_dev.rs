@@ -313,7 +313,7 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
             );
         }
         let built = run_ok(
-            Command::new(BIN)
+            without_lints(&mut Command::new(BIN))
                 .args(["plugin", "build"])
                 .arg(&project)
                 .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{repo_root as root, run_ok};
+use crate::common::{repo_root as root, run_ok, without_lints};
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("idemhost-scripts-{tag}-{}", std::process::id()));
@@ -58,7 +58,7 @@ fn build_plugins_builds_in_cargo_target_dir() {
     let spoilt = target.join("wasm32-wasip2/release/testkit.wasm");
     std::fs::write(&spoilt, b"spoilt").unwrap();
     run_ok(
-        Command::new("bash")
+        without_lints(&mut Command::new("bash"))
             .args(["scripts/build-plugins.sh", "rust"])
             .current_dir(root())
             .env("CARGO_TARGET_DIR", &target)

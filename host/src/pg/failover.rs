@@ -196,13 +196,15 @@ impl Failover {
     fn switch_to(&self, i: usize) {
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         let from = self.current.swap(i, Ordering::Relaxed);
-        *self.switched_at.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(std::time::Instant::now());
         pools.retain(|p| !p.is_closed());
         for pool in pools.iter() {
             let options = (*pool.connect_options()).clone();
             pool.set_connect_options(retarget(&self.servers, options, i));
         }
+        // Once every pool points at the new server: a connection asked for after this instant
+        // is opened there (see `moved_since`).
+        *self.switched_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now());
         tracing::warn!(
             from = %redact_url(self.servers.url(from)),
             to = %redact_url(self.servers.url(i)),

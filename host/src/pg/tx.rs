@@ -172,14 +172,24 @@ impl Connections {
     /// pool's last. When a statement fails, the transaction is rolled back and `Err` returned
     /// (the connection closed if the failure was about the session: [`session_failed`]).
     pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<(Tx, Vec<PgRow>), sqlx::Error> {
+        // Waiting on an exhausted pool of its own ends with the pool's `acquire_timeout`, however
+        // often a kept connection was given back to another waiter first.
+        let deadline = Instant::now() + self.pool.options().get_acquire_timeout();
         loop {
+            // Listening before looking: a connection kept after the look wakes this waiter,
+            // whatever else is given back meanwhile.
+            let returned = self.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
             let kept = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
             let from_pool = kept.is_none();
+            // When the look began: a connection the pool gives after a move of the primary
+            // that began before it may still be to the old one.
+            let asked = Instant::now();
             let (conn, since) = match kept {
-                Some(kept) if self.moved_since(&kept) => {
+                Some(kept) if self.moved_since(kept.since) => {
                     // Maybe to the old primary: closed; the next one is tried.
-                    let mut conn = kept.conn;
-                    conn.close_on_drop();
+                    close(kept.conn);
                     continue;
                 }
                 Some(kept) if self.aged(&kept) => {
@@ -188,8 +198,13 @@ impl Connections {
                     continue;
                 }
                 Some(kept) => (kept.conn, kept.since),
-                None => match self.take_from_pool().await? {
-                    Some(conn) => (conn, Instant::now()),
+                None => match self.take_from_pool(returned, deadline).await? {
+                    Some(conn) if self.moved_since(asked) => {
+                        // Opened while the primary moved, perhaps to the old one.
+                        close(conn);
+                        continue;
+                    }
+                    Some(conn) => (conn, asked),
                     // A kept connection was given back first: take it.
                     None => continue,
                 },
@@ -235,21 +250,47 @@ impl Connections {
     /// that is awaited: given up for a kept one, the half-opened connection was thrown away
     /// again and again (a server process started and ended each time; the server's CPU per
     /// delivery tripled in `idemhost bench`).
-    async fn take_from_pool(&self) -> Result<Option<PoolConnection<Postgres>>, sqlx::Error> {
+    ///
+    /// Racing the pool, the pool's side runs in a task of its own: when the kept connection wins,
+    /// whatever the pool then gives (it may be opening one) is kept for a later transaction, not
+    /// thrown away half-opened.
+    async fn take_from_pool(
+        self: &Arc<Self>,
+        returned: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        deadline: Instant,
+    ) -> Result<Option<PoolConnection<Postgres>>, sqlx::Error> {
         if !self.own_pool || !self.exhausted() {
             return self.pool.acquire().await.map(Some);
         }
-        tokio::select! {
-            conn = self.pool.acquire() => conn.map(Some),
-            () = self.returned.notified() => Ok(None),
+        let pool = self.pool.clone();
+        let mut acquiring = tokio::spawn(async move { pool.acquire().await });
+        let lost = tokio::select! {
+            got = &mut acquiring => return match got {
+                Ok(conn) => conn.map(Some),
+                Err(e) => Err(sqlx::Error::Protocol(format!("taking a connection from the pool failed: {e}"))),
+            },
+            () = returned => false,
+            () = tokio::time::sleep_until(deadline.into()) => true,
+        };
+        // The pool's answer, when it comes, goes to the kept ones.
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Ok(Ok(conn)) = acquiring.await {
+                this.give_back(conn, Instant::now());
+            }
+        });
+        if lost {
+            return Err(sqlx::Error::PoolTimedOut);
         }
+        Ok(None)
     }
 
-    /// Whether `kept` was taken from the pool before the primary moved.
-    fn moved_since(&self, kept: &Kept) -> bool {
+    /// Whether the primary moved after `at` (a connection taken from the pool before then,
+    /// or opened while it moved, may be to the old one).
+    fn moved_since(&self, at: Instant) -> bool {
         self.failover
             .get()
-            .is_some_and(|failover| failover.moved_since(kept.since))
+            .is_some_and(|failover| failover.moved_since(at))
     }
 
     /// Whether the pool has no connection to give and may open none.
@@ -265,13 +306,18 @@ impl Connections {
             Ok(mut idle) => {
                 let (due, keep): (Vec<Kept>, Vec<Kept>) = idle
                     .drain(..)
-                    .partition(|k| self.aged(k) || self.moved_since(k));
+                    .partition(|k| self.aged(k) || self.moved_since(k.since));
                 *idle = keep;
                 due
             }
             Err(_) => Vec::new(),
         };
-        drop(due);
+        for kept in due {
+            if self.moved_since(kept.since) {
+                // Maybe to the old primary: closed, not given to the pool to test.
+                close(kept.conn);
+            }
+        }
     }
 
     /// Whether a kept connection is due back to the pool: kept longer than `retire_after`, or
@@ -305,6 +351,11 @@ impl Connections {
         }
         // Otherwise dropped: back to the pool.
     }
+}
+
+/// Closes `conn` instead of giving it back to its pool.
+fn close(mut conn: PoolConnection<Postgres>) {
+    conn.close_on_drop();
 }
 
 /// Whether the last row of a multi-statement reset is a single `true` (the session holds state
