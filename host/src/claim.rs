@@ -215,7 +215,7 @@ impl Claimer {
     /// Deliveries on connections of `plugin_pool` (logged in as the consumer's role); the
     /// host's own statements outside a delivery on `host_pool`. A `plugin_pool` other than
     /// `host_pool` must be this consumer's alone: its connections are kept between deliveries
-    /// even while it has none left to give (see [`Connections::of_own_pool`]).
+    /// even while it has none left to give.
     pub fn with_plugin_pool(
         host_pool: PgPool,
         plugin_pool: PgPool,
