@@ -263,6 +263,7 @@ impl Connections {
             return self.pool.acquire().await.map(Some);
         }
         let pool = self.pool.clone();
+        let asked = Instant::now();
         let mut acquiring = tokio::spawn(async move { pool.acquire().await });
         let lost = tokio::select! {
             got = &mut acquiring => return match got {
@@ -272,11 +273,12 @@ impl Connections {
             () = returned => false,
             () = tokio::time::sleep_until(deadline.into()) => true,
         };
-        // The pool's answer, when it comes, goes to the kept ones.
+        // The pool's answer, when it comes, goes to the kept ones, as taken when it was asked
+        // for (were the primary to move meanwhile, it would be closed at its next use).
         let this = self.clone();
         tokio::spawn(async move {
             if let Ok(Ok(conn)) = acquiring.await {
-                this.give_back(conn, Instant::now());
+                this.give_back(conn, asked);
             }
         });
         if lost {

@@ -256,13 +256,24 @@ impl Before {
         }
     }
 
-    /// Drops the role the rehearsal made, unless a session uses it.
+    /// Drops the role the rehearsal made, unless a session uses it. The rehearsal's own
+    /// sessions were closed just before, but a server process ends a moment after its client
+    /// said goodbye: sessions are counted again for up to [`SESSIONS_END_WITHIN`] until none
+    /// is left (on a busy machine one was still listed, and the role was kept: CI).
     async fn drop_role(&self, conn: &mut PgConnection, undone: &mut Undone) {
-        let sessions: Result<i64, _> =
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = $1")
+        let waited = std::time::Instant::now();
+        let sessions: Result<i64, _> = loop {
+            let n = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = $1")
                 .bind(&self.role)
                 .fetch_one(&mut *conn)
                 .await;
+            match n {
+                Ok(n) if n > 0 && waited.elapsed() < SESSIONS_END_WITHIN => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                n => break n,
+            }
+        };
         let exists: Result<bool, _> =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
                 .bind(&self.role)
@@ -290,6 +301,10 @@ impl Before {
         }
     }
 }
+
+/// How long the undo waits for the sessions of the role it made to end (see
+/// `Before::drop_role`).
+const SESSIONS_END_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the undo took back, and what it kept and why.
 #[derive(Debug, Default)]
