@@ -275,9 +275,13 @@ impl Connections {
         };
         // The pool's answer, when it comes, goes to the kept ones, as taken when it was asked
         // for (were the primary to move meanwhile, it would be closed at its next use).
-        let this = self.clone();
+        // Without holding the consumer's connections alive: dropped meanwhile (the consumer
+        // stopped), they give theirs back to the pool, and this one goes there too.
+        let this = Arc::downgrade(self);
         tokio::spawn(async move {
-            if let Ok(Ok(conn)) = acquiring.await {
+            if let Ok(Ok(conn)) = acquiring.await
+                && let Some(this) = this.upgrade()
+            {
                 this.give_back(conn, asked);
             }
         });
