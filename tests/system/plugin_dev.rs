@@ -323,6 +323,30 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
         // is installed again (offline, under unshare -n, an install would need a registry).
         let said = String::from_utf8_lossy(&built.stderr);
         assert!(!said.contains("== installing"), "{lang}: {said}");
+        if matches!(lang, "rust" | "c") {
+            // Reproducible: the same source in another directory, with other file times and
+            // the first build's output beside it, builds the same bytes. (Python's and
+            // JavaScript's toolchains snapshot a running interpreter: docs/writing-plugins.md.)
+            let copy = dir.join(format!("{name}-copy"));
+            run_ok(Command::new("cp").arg("-r").arg(&project).arg(&copy));
+            run_ok(
+                Command::new("find")
+                    .arg(&copy)
+                    .args(["-exec", "touch", "-d", "2001-02-03 04:05:06", "{}", "+"]),
+            );
+            run_ok(
+                without_lints(&mut Command::new(BIN))
+                    .args(["plugin", "build"])
+                    .arg(&copy)
+                    .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)
+                    .env("CARGO_TARGET_DIR", cargo_target.trim()),
+            );
+            assert!(
+                std::fs::read(project.join("plugin.wasm")).unwrap()
+                    == std::fs::read(copy.join("plugin.wasm")).unwrap(),
+                "{lang}: two builds of the same source differ"
+            );
+        }
         // The project's table in the test's schema, and its config pointed there.
         let schema_sql = std::fs::read_to_string(project.join("schema.sql"))
             .unwrap()
