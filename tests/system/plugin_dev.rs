@@ -329,11 +329,14 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
             // JavaScript's toolchains snapshot a running interpreter: docs/writing-plugins.md.)
             let copy = dir.join(format!("{name}-copy"));
             run_ok(Command::new("cp").arg("-r").arg(&project).arg(&copy));
-            run_ok(
-                Command::new("find")
-                    .arg(&copy)
-                    .args(["-exec", "touch", "-d", "2001-02-03 04:05:06", "{}", "+"]),
-            );
+            run_ok(Command::new("find").arg(&copy).args([
+                "-exec",
+                "touch",
+                "-d",
+                "2001-02-03 04:05:06",
+                "{}",
+                "+",
+            ]));
             run_ok(
                 without_lints(&mut Command::new(BIN))
                     .args(["plugin", "build"])
