@@ -343,8 +343,9 @@ async fn a_plugins_large_values_do_not_stay_in_the_hosts_memory() {
     // the driver's grown read buffers, and one verdict cache full).
     let mut last = rss_kib(pid, "VmRSS:");
     let deadline = Instant::now() + Duration::from_secs(20);
-    // Code paged in, wasmtime's pools and caches: room for them, not for a value per connection.
-    let bound = baseline + 128 * 1024;
+    // Code paged in, wasmtime's pools and caches: room for them (+65-70 MiB here with musl's
+    // allocator and with mimalloc), not for a value per connection (+264 MiB before the fix).
+    let bound = baseline + 96 * 1024;
     while last >= bound && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(500)).await;
         last = rss_kib(pid, "VmRSS:");
@@ -386,7 +387,9 @@ async fn a_plugins_large_values_do_not_stay_in_the_hosts_memory() {
         attacker.dead_letters().await.len(),
     );
     // No buffer the size of a value stays: no anonymous mapping holds 8 MiB or more (without
-    // the fix, one of ~16 MiB per connection that carried a value).
+    // the fix, one of ~16 MiB per connection that carried a value). mimalloc (the static
+    // build's allocator) keeps its whole heap in a few large mappings, so there this check
+    // cannot tell a value from the heap: what stays is bounded by the RSS check below.
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
     let mut held = Vec::new();
     let mut head = "";
@@ -411,7 +414,10 @@ async fn a_plugins_large_values_do_not_stay_in_the_hosts_memory() {
         arena.host.0.try_wait().unwrap().is_none(),
         "the host is alive"
     );
-    assert!(held.is_empty(), "value-sized buffers stay: {held:#?}");
+    // The host binary is built for the suite's target: mimalloc on musl (cli/main.rs).
+    if !cfg!(target_env = "musl") {
+        assert!(held.is_empty(), "value-sized buffers stay: {held:#?}");
+    }
     assert!(
         last < bound,
         "RSS stays grown: {:.1} MiB after settling, baseline {:.1} MiB",
