@@ -406,6 +406,11 @@ async fn plugin_text_cannot_forge_or_flood_the_hosts_log() {
         "execute",
         "SELECT (repeat(E'\\nFORGED', 4000000))::int",
     ));
+    // A statement that runs past a second (sqlx logs those at WARN, with their text).
+    scripts.push(statement(
+        "query",
+        "SELECT 'FORGED' AS forged, pg_catalog.pg_sleep(1.5)",
+    ));
     scripts.push(statement(
         "execute",
         "SELECT plainto_tsquery('english', 'the') FROM generate_series(1, 150000)",
@@ -427,11 +432,17 @@ async fn plugin_text_cannot_forge_or_flood_the_hosts_log() {
         "lines the host did not write: {:?}",
         &forged[..forged.len().min(5)]
     );
+    let unattributed: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("FORGED") && !l.contains("idemhost::plugin") && !l.contains("attacker")
+        })
+        .map(|l| &l[..l.floor_char_boundary(300)])
+        .collect();
     assert!(
-        !log.lines().any(|l| l.contains("FORGED")
-            && !l.contains("idemhost::plugin")
-            && !l.contains("attacker")),
-        "plugin text outside a line attributed to the plugin or its delivery"
+        unattributed.is_empty(),
+        "plugin text outside a line attributed to the plugin or its delivery: {:?}",
+        &unattributed[..unattributed.len().min(3)]
     );
     let grown = std::fs::metadata(&arena.log).unwrap().len() - before;
     // 64 KiB of plugin text per attempt, plus the host's own words about each delivery.

@@ -353,6 +353,14 @@ pub fn connect_as(
     // come back as errors. The session default, so the reset after each delivery keeps it, and
     // the gate refuses every way to change it.
     options = options.options([("client_min_messages", "error")]);
+    // sqlx logs a statement that ran past a second at WARN, and every statement at DEBUG, with
+    // its text, under its own target and outside the delivery's span: a plugin's SQL (its text
+    // chosen by the plugin, and made slow at will) would reach the host's log unattributed and
+    // unbounded. What a plugin's statements do is the host's to log, in its own lines.
+    use sqlx::ConnectOptions as _;
+    options = options
+        .log_statements(log::LevelFilter::Off)
+        .log_slow_statements(log::LevelFilter::Off, std::time::Duration::ZERO);
     // A row, an error or a notice longer than a whole result may be is refused from its
     // header, before it is buffered: the host never allocates a value a plugin made the server
     // build (one row holds up to 1 GB), and the connection is closed.
