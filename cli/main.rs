@@ -280,12 +280,12 @@ fn admin_base_url(config: &Config) -> anyhow::Result<String> {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Memory freed goes back to the system as it is freed (mimalloc's `purge_delay` 0): by
-/// default mimalloc purges 10 ms later, and only when the freeing thread allocates again, so
-/// an idle host could keep what a plugin made it hold.
+/// Memory freed goes back to the system without delay once mimalloc lets go of its pages
+/// (`purge_delay` 0): by default it purges 10 ms later, and only when the freeing thread
+/// allocates again, so an idle host could keep what a plugin made it hold.
 fn return_freed_memory_at_once() {
-    /// `mi_option_purge_delay`: its place in `mi_option_e` (mimalloc 2's `include/mimalloc.h`;
-    /// libmimalloc-sys does not name it).
+    /// `mi_option_purge_delay`: its place in `mi_option_e` (mimalloc 2's `include/mimalloc.h`
+    /// in libmimalloc-sys 0.1.49, pinned exactly in Cargo.toml; the crate does not name it).
     #[cfg(target_env = "musl")]
     const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
     // SAFETY: sets a process-wide option; mimalloc reads it at each purge decision.

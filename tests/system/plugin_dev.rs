@@ -337,13 +337,37 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
                 "{}",
                 "+",
             ]));
-            run_ok(
+            // Built again, not found built: the copy's output removed and, for Rust, the
+            // package's artifacts in the shared target directory (cargo would take the copy,
+            // same name, older files, for the project already built).
+            std::fs::remove_file(copy.join("plugin.wasm")).unwrap();
+            if lang == "rust" {
+                run_ok(
+                    without_lints(&mut Command::new("cargo"))
+                        .args([
+                            "clean",
+                            "--release",
+                            "--target",
+                            "wasm32-wasip2",
+                            "-p",
+                            &name,
+                        ])
+                        .arg("--manifest-path")
+                        .arg(copy.join("Cargo.toml"))
+                        .env("CARGO_TARGET_DIR", cargo_target.trim()),
+                );
+            }
+            let rebuilt = run_ok(
                 without_lints(&mut Command::new(BIN))
                     .args(["plugin", "build"])
                     .arg(&copy)
                     .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)
                     .env("CARGO_TARGET_DIR", cargo_target.trim()),
             );
+            if lang == "rust" {
+                let said = String::from_utf8_lossy(&rebuilt.stderr);
+                assert!(said.contains(&format!("Compiling {name}")), "{said}");
+            }
             assert!(
                 std::fs::read(project.join("plugin.wasm")).unwrap()
                     == std::fs::read(copy.join("plugin.wasm")).unwrap(),
