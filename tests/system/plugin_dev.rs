@@ -312,20 +312,23 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
                 "{shown}"
             );
         }
-        let built = run_ok(
-            without_lints(&mut Command::new(BIN))
-                .args(["plugin", "build"])
-                .arg(&project)
-                .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)
-                .env("CARGO_TARGET_DIR", cargo_target.trim()),
-        );
+        let build = |dir: &Path| {
+            run_ok(
+                without_lints(&mut Command::new(BIN))
+                    .args(["plugin", "build"])
+                    .arg(dir)
+                    .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)
+                    .env("CARGO_TARGET_DIR", cargo_target.trim()),
+            )
+        };
+        let built = build(&project);
         // build-plugins.sh installed each toolchain where plugin build looks for it: nothing
         // is installed again (offline, under unshare -n, an install would need a registry).
         let said = String::from_utf8_lossy(&built.stderr);
         assert!(!said.contains("== installing"), "{lang}: {said}");
         if matches!(lang, "rust" | "c") {
-            // Reproducible: the same source in another directory, with other file times and
-            // the first build's output beside it, builds the same bytes. (Python's and
+            // Reproducible: the same source in another directory, with other file times,
+            // builds the same bytes. (Python's and
             // JavaScript's toolchains snapshot a running interpreter: docs/writing-plugins.md.)
             let copy = dir.join(format!("{name}-copy"));
             run_ok(Command::new("cp").arg("-r").arg(&project).arg(&copy));
@@ -357,13 +360,7 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
                         .env("CARGO_TARGET_DIR", cargo_target.trim()),
                 );
             }
-            let rebuilt = run_ok(
-                without_lints(&mut Command::new(BIN))
-                    .args(["plugin", "build"])
-                    .arg(&copy)
-                    .env("IDEMHOST_TOOLCHAIN_DIR", &toolchain)
-                    .env("CARGO_TARGET_DIR", cargo_target.trim()),
-            );
+            let rebuilt = build(&copy);
             if lang == "rust" {
                 let said = String::from_utf8_lossy(&rebuilt.stderr);
                 assert!(said.contains(&format!("Compiling {name}")), "{said}");
