@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Measures what makes Python and JavaScript plugin builds reproducible (docs/writing-plugins.md,
+# "Reproducible builds"; not part of `plugin build` yet). Builds plugins/inventory-py and
+# plugins/inventory-js twice each as plain builds, then twice each pinned: from a copy of the
+# project at a fixed path (/tmp/idemhost-repro/stage) whose files get a different time per build,
+# TMPDIR inside it, under pin.c (LD_PRELOAD: getrandom, clocks), tracer.c (file status under the
+# build directory, wall clock, vDSO hidden) and, for JavaScript, pin.mjs (Math.random). Prints
+# each build's time and digest, and whether the two builds of a kind are the same bytes.
+# Needs a C compiler and the toolchains of scripts/build-plugins.sh (x86_64 Linux).
+#   scripts/repro-builds/measure.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+here=$repo/scripts/repro-builds
+work=/tmp/idemhost-repro
+py=$repo/.cache/toolchain/py/bin/componentize-py
+js=$repo/.cache/toolchain/js/node_modules/.bin/componentize-js
+[ -x "$py" ] && [ -x "$js" ] || { echo "measure.sh: run scripts/build-plugins.sh first" >&2; exit 1; }
+rm -rf "$work" && mkdir -p "$work/bin"
+cc -O2 -Wall -shared -fPIC -o "$work/bin/pin.so" "$here/pin.c" -ldl
+cc -O2 -Wall -o "$work/bin/tracer" "$here/tracer.c"
+cp "$here/pin.mjs" "$work/bin/"
+
+# stage <project dir> <seconds since the epoch>: a fresh copy at the fixed path, every file and
+# directory at that time (and an empty virtual environment, so that componentize-py adds no
+# site-packages of this machine's Python).
+stage() {
+  rm -rf "$work/stage" "$work/tmp" "$work/venv"
+  mkdir -p "$work/stage/app" "$work/tmp" "$work/venv/lib/python3/site-packages"
+  cp "$1"/*.py "$1"/*.js "$work/stage/app/" 2>/dev/null || true
+  cp -r wit "$work/stage/"
+  find "$work/stage" "$work/venv" -exec touch -h -d "@$2" {} +
+}
+py_build() { (cd "$work/stage" && "$@" "$py" -d wit -w handler componentize --stub-wasi -p app app -o "$out"); }
+js_build() { (cd "$work/stage/app" && "$@" "$js" inventory.js --wit ../wit --world-name handler \
+  -d stdio random clocks http fetch-event -o "$out"); }
+run() { # label lang kind time
+  local label=$1 lang=$2 kind=$3 at=$4 start
+  out=$work/$label.wasm
+  stage "plugins/inventory-$lang" "$at"
+  start=$(date +%s%N)
+  if [ "$kind" = plain ]; then
+    "${lang}_build" env >/dev/null 2>&1
+  else
+    "${lang}_build" env TMPDIR="$work/tmp" VIRTUAL_ENV="$work/venv" PIN_UNDER="$work/" \
+      NODE_OPTIONS="--import $work/bin/pin.mjs" LD_PRELOAD="$work/bin/pin.so" "$work/bin/tracer" \
+      >/dev/null 2>&1
+  fi
+  printf '%-12s %6d ms  %s\n' "$label" $((($(date +%s%N) - start) / 1000000)) \
+    "$(sha256sum <"$out" | cut -c1-16)"
+}
+same() { cmp -s "$work/$1.wasm" "$work/$2.wasm" && echo "$1 = $2: same bytes" ||
+  echo "$1 ≠ $2: $(cmp -l "$work/$1.wasm" "$work/$2.wasm" 2>/dev/null | wc -l) bytes differ"; }
+for lang in py js; do
+  run "$lang-plain-1" "$lang" plain 978307200
+  run "$lang-plain-2" "$lang" plain 978307200
+  run "$lang-pinned-1" "$lang" pinned 978307201
+  run "$lang-pinned-2" "$lang" pinned 1600000000
+  same "$lang-plain-1" "$lang-plain-2"
+  same "$lang-pinned-1" "$lang-pinned-2"
+done
