@@ -5,10 +5,13 @@
 # and nats-server 2.15; these suites are the ones whose outcome depends on the servers' behaviour
 # (JetStream acks, redelivery, durability, failures), so they run on both.
 #
-# Servers: the machine's when they answer at 127.0.0.1:5432 / 127.0.0.1:4222 (or are named by
-# IDEMHOST_TEST_OLDEST_PG_URL / IDEMHOST_TEST_OLDEST_NATS_URL), else private instances of the
-# machine's programs (/usr/lib/postgresql/<oldest>/bin, nats-server on the PATH) on free loopback
-# ports. The tests' own private servers (chaos, crash, cluster) use those programs too.
+# Servers: a private PostgreSQL of the machine's oldest (/usr/lib/postgresql/<oldest>/bin) on a
+# free loopback port, started as the suite's are (scripts/private-servers.sh: enough connections
+# for four tests at a time; a server at 127.0.0.1:5432 keeps its own settings, and at the default
+# 100 connections the suite's replicas test left another test's delivery unable to connect); the
+# machine's NATS when it answers at 127.0.0.1:4222, else a private nats-server from the PATH.
+# IDEMHOST_TEST_OLDEST_PG_URL / IDEMHOST_TEST_OLDEST_NATS_URL name servers to use instead. The
+# tests' own private servers (chaos, crash, cluster) use those programs too.
 #   scripts/test-matrix.sh [cargo test args…]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,10 +32,6 @@ SERVERS_PG_BIN=$pg_bin
 SERVERS_NATS=$nats
 pg_url=${IDEMHOST_TEST_OLDEST_PG_URL:-}
 nats_url=${IDEMHOST_TEST_OLDEST_NATS_URL:-}
-if [ -z "$pg_url" ] && servers_answers 127.0.0.1 5432; then
-  pg_url=postgres://root@127.0.0.1:5432/test
-  echo "== server matrix: the PostgreSQL answering at 127.0.0.1:5432"
-fi
 if [ -z "$nats_url" ] && servers_answers 127.0.0.1 4222; then
   nats_url=nats://127.0.0.1:4222
   echo "== server matrix: the NATS answering at 127.0.0.1:4222"

@@ -69,12 +69,12 @@ fi
 
 # Lints: warnings are errors, without the test features and with them (code behind a feature,
 # or only outside it, must be clean both ways), and the API documentation. Without the features
-# the library and binary code is checked, not built (the tests and examples only ever run with
-# them): rustdoc needs the dependencies checked anyway, and the check serves both — building
-# every target without the features cost ~45 s here, and cargo doc checked every dependency
-# again (~100 s from a fresh clone). The build with the features is the suite's, and comes last:
-# its binary is the one `$built` names.
-cargo check --workspace --lib --bins
+# every target is checked, not built (what a plain `cargo test` or `cargo test -p idemhost --lib`
+# compiles; the suite runs with the features): rustdoc needs the dependencies checked anyway, and
+# the check serves both — building every target without the features cost ~45 s here, and
+# cargo doc checked every dependency again (~100 s from a fresh clone). The build with the
+# features is the suite's, and comes last: its binary is the one `$built` names.
+cargo check --workspace --all-targets
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 cargo test --workspace --all-targets --features "$features" --no-run
 step "lints passed, the suite built"

@@ -40,21 +40,28 @@ run() { # label lang kind time
   stage "plugins/inventory-$lang" "$at"
   start=$(date +%s%N)
   if [ "$kind" = plain ]; then
-    "${lang}_build" env >/dev/null 2>&1
+    "${lang}_build" env >"$work/$label.log" 2>&1 || { cat "$work/$label.log" >&2; exit 1; }
   else
     "${lang}_build" env TMPDIR="$work/tmp" VIRTUAL_ENV="$work/venv" PIN_UNDER="$work/" \
       NODE_OPTIONS="--import $work/bin/pin.mjs" LD_PRELOAD="$work/bin/pin.so" "$work/bin/tracer" \
-      >/dev/null 2>&1
+      >"$work/$label.log" 2>&1 || { cat "$work/$label.log" >&2; exit 1; }
   fi
   printf '%-12s %6d ms  %s\n' "$label" $((($(date +%s%N) - start) / 1000000)) \
     "$(sha256sum <"$out" | cut -c1-16)"
 }
-same() { cmp -s "$work/$1.wasm" "$work/$2.wasm" && echo "$1 = $2: same bytes" ||
-  echo "$1 ≠ $2: $(cmp -l "$work/$1.wasm" "$work/$2.wasm" 2>/dev/null | wc -l) bytes differ"; }
+same() { # label label: the same bytes, or how many differ (sizes too)
+  local a=$work/$1.wasm b=$work/$2.wasm
+  if cmp -s "$a" "$b"; then echo "$1 = $2: same bytes"; return; fi
+  echo "$1 ≠ $2: $(cmp -l "$a" "$b" 2>/dev/null | wc -l) of the common bytes differ;" \
+    "sizes $(stat -c %s "$a") and $(stat -c %s "$b")"
+}
+# A warm-up build of each (caches filled), then plain and pinned builds alternating: the pinned
+# ones from copies with different file times.
 for lang in py js; do
+  run "$lang-warm-up" "$lang" plain 978307200
   run "$lang-plain-1" "$lang" plain 978307200
-  run "$lang-plain-2" "$lang" plain 978307200
   run "$lang-pinned-1" "$lang" pinned 978307201
+  run "$lang-plain-2" "$lang" plain 978307200
   run "$lang-pinned-2" "$lang" pinned 1600000000
   same "$lang-plain-1" "$lang-plain-2"
   same "$lang-pinned-1" "$lang-pinned-2"

@@ -1,6 +1,10 @@
 /* A preloaded library for scripts/repro-builds/measure.sh (a measurement, not part of idemhost):
  * getrandom returns the same fixed stream at every call, the wall clock is fixed, the monotonic
- * clock a per-thread counter that advances 1 us per read. */
+ * clock a per-thread counter that advances 1 us per read (for calls through libc; raw system
+ * calls go to tracer.c). Both are choices for a measurement, not for a build tool: every caller
+ * gets the same random bytes (a stream carried on across calls would depend on which thread calls
+ * first), and a wait with a deadline on this monotonic clock, or a timer, may never end, so a
+ * step that hangs would hang for ever. */
 #define _GNU_SOURCE
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
 #include <stddef.h>

@@ -1,10 +1,12 @@
 /* A tracer for scripts/repro-builds/measure.sh (a measurement, not part of idemhost): runs a
- * program with a seccomp filter that stops only statx, newfstatat, getrandom and the wall clock,
+ * program with a seccomp filter that stops only the stat calls (statx, newfstatat, fstat, stat,
+ * lstat), getrandom and the wall clock,
  * and at each stop's end pins what the program reads: the times and inode numbers of files under
  * $PIN_UNDER (componentize-py's WASI layer reads them with raw system calls), a fixed byte stream
  * for getrandom, a fixed wall clock. At each exec it hides the vDSO (AT_SYSINFO_EHDR becomes
- * AT_IGNORE) so that clock reads are system calls the filter sees; monotonic ones pass unstopped.
- * x86_64 Linux only. */
+ * AT_IGNORE) so that clock reads are system calls the filter sees (monotonic ones pass unstopped)
+ * and fixes the 16 bytes AT_RANDOM points to. Not covered: getdents64's inode numbers,
+ * /proc/self/auxv. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/filter.h>
@@ -29,9 +31,9 @@
 #include <time.h>
 static const char *PFX;
 static uint64_t fnv(const char *s) { uint64_t h = 1469598103934665603ull; while (*s) { h ^= (unsigned char)*s++; h *= 1099511628211ull; } return h; }
-struct pend { pid_t tid; long nr; unsigned long a[6]; };
+struct pend { pid_t tid; long nr; unsigned long a[6]; int seen; };
 static struct pend pend[4096];
-static struct pend *slot(pid_t t) { for (int i = 0; i < 4096; i++) if (pend[i].tid == t) return &pend[i]; for (int i = 0; i < 4096; i++) if (!pend[i].tid) { pend[i].tid = t; return &pend[i]; } return 0; }
+static struct pend *slot(pid_t t) { for (int i = 0; i < 4096; i++) if (pend[i].tid == t) return &pend[i]; for (int i = 0; i < 4096; i++) if (!pend[i].tid) { memset(&pend[i], 0, sizeof pend[i]); pend[i].tid = t; return &pend[i]; } fprintf(stderr, "tracer: more than 4096 threads\n"); exit(3); }
 static int rd(pid_t t, unsigned long addr, void *buf, size_t n) { struct iovec l = {buf, n}, r = {(void *)addr, n}; return process_vm_readv(t, &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1; }
 static int wr(pid_t t, unsigned long addr, void *buf, size_t n) { struct iovec l = {buf, n}, r = {(void *)addr, n}; return process_vm_writev(t, &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1; }
 static int path_of(pid_t t, long dirfd, unsigned long p, int empty, char *out, size_t len) {
@@ -41,7 +43,8 @@ static int path_of(pid_t t, long dirfd, unsigned long p, int empty, char *out, s
   char link[64];
   if ((int)dirfd == AT_FDCWD) snprintf(link, sizeof link, "/proc/%d/cwd", t); else snprintf(link, sizeof link, "/proc/%d/fd/%d", t, (int)dirfd);
   ssize_t n = readlink(link, out, len - 1); if (n < 0) return -1; out[n] = 0;
-  if (s[0] && !empty) { size_t l = strlen(out); snprintf(out + l, len - l, "/%s", s); }
+  (void)empty; /* with AT_EMPTY_PATH and a path, the kernel uses the path */
+  if (s[0]) { size_t l = strlen(out); snprintf(out + l, len - l, "/%s", s); }
   return 0;
 }
 int main(int argc, char **argv) {
@@ -53,10 +56,13 @@ int main(int argc, char **argv) {
     struct sock_filter f[] = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_statx, 9, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_newfstatat, 8, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_statx, 12, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_newfstatat, 11, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fstat, 10, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_stat, 9, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_lstat, 8, 0),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getrandom, 7, 0),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_gettimeofday, 6, 0),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_time, 5, 0),
@@ -78,6 +84,7 @@ int main(int argc, char **argv) {
   int code = 0; long fixed = 0;
   for (;;) {
     pid_t t = waitpid(-1, &st, __WALL);
+    if (t < 0 && errno == EINTR) continue;
     if (t < 0) break;
     if (WIFEXITED(st) || WIFSIGNALED(st)) { if (t == child) code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); struct pend *p = slot(t); if (p) p->tid = 0; continue; }
     if (!WIFSTOPPED(st)) continue;
@@ -101,19 +108,28 @@ int main(int argc, char **argv) {
               sx.stx_ino = fnv(path + strlen(PFX)) >> 16; wr(t, p->a[4], &sx, sizeof sx); fixed++; }
           }
         } else if (p->nr == SYS_getrandom) {
+          /* The same stream from its start at every call (see pin.c). */
           uint64_t st2 = 0x9E3779B97F4A7C15ull; unsigned char buf[4096];
-          size_t n = (long)r.rax > 0 ? r.rax : 0; if (n > sizeof buf) n = sizeof buf;
-          for (size_t i = 0; i < n; i += 8) { uint64_t z = (st2 += 0x9E3779B97F4A7C15ull); z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull; z ^= z >> 31; memcpy(buf + i, &z, n - i < 8 ? n - i : 8); }
-          wr(t, p->a[0], buf, n); fixed++;
+          size_t n = (long)r.rax > 0 ? r.rax : 0;
+          for (size_t done = 0; done < n; done += sizeof buf) {
+            size_t k = n - done < sizeof buf ? n - done : sizeof buf;
+            for (size_t i = 0; i < k; i += 8) { uint64_t z = (st2 += 0x9E3779B97F4A7C15ull); z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull; z ^= z >> 31; memcpy(buf + i, &z, k - i < 8 ? k - i : 8); }
+            wr(t, p->a[0] + done, buf, k);
+          }
+          fixed++;
         } else if (p->nr == SYS_clock_gettime) {
           struct timespec ts = {978307200, 0}; wr(t, p->a[1], &ts, sizeof ts); fixed++;
         } else if (p->nr == SYS_gettimeofday) {
           if (p->a[0]) { struct timeval tv = {978307200, 0}; wr(t, p->a[0], &tv, sizeof tv); } fixed++;
-        } else if (p->nr == SYS_newfstatat) {
-          if (!path_of(t, p->a[0], p->a[1], p->a[3] & AT_EMPTY_PATH, path, sizeof path) && !strncmp(path, PFX, strlen(PFX))) {
-            struct stat s; if (!rd(t, p->a[2], &s, sizeof s)) {
+        } else if (p->nr == SYS_newfstatat || p->nr == SYS_fstat || p->nr == SYS_stat || p->nr == SYS_lstat) {
+          int ok; unsigned long buf;
+          if (p->nr == SYS_newfstatat) { ok = !path_of(t, p->a[0], p->a[1], p->a[3] & AT_EMPTY_PATH, path, sizeof path); buf = p->a[2]; }
+          else if (p->nr == SYS_fstat) { ok = !path_of(t, p->a[0], 0, 1, path, sizeof path); buf = p->a[1]; }
+          else { ok = !path_of(t, AT_FDCWD, p->a[0], 0, path, sizeof path); buf = p->a[1]; }
+          if (ok && !strncmp(path, PFX, strlen(PFX))) {
+            struct stat s; if (!rd(t, buf, &s, sizeof s)) {
               s.st_atim.tv_sec = s.st_mtim.tv_sec = s.st_ctim.tv_sec = 978307200; s.st_atim.tv_nsec = s.st_mtim.tv_nsec = s.st_ctim.tv_nsec = 0;
-              s.st_ino = fnv(path + strlen(PFX)) >> 16; wr(t, p->a[2], &s, sizeof s); fixed++; }
+              s.st_ino = fnv(path + strlen(PFX)) >> 16; wr(t, buf, &s, sizeof s); fixed++; }
           }
         }
       }
@@ -123,12 +139,16 @@ int main(int argc, char **argv) {
     if (sig == SIGTRAP && ev == PTRACE_EVENT_EXEC) {
       struct user_regs_struct r; ptrace(PTRACE_GETREGS, t, 0, &r);
       unsigned long sp = r.rsp, argc; rd(t, sp, &argc, 8); sp += 8 * (argc + 2);
-      for (unsigned long v = 1; v; sp += 8) rd(t, sp, &v, 8);
-      for (unsigned long a[2] = {1, 0}; a[0]; sp += 16) { rd(t, sp, a, 16); if (a[0] == 33) { unsigned long ign = 1; wr(t, sp, &ign, 8); } }
+      for (unsigned long v = 1; v; sp += 8) if (rd(t, sp, &v, 8)) v = 0;
+      for (unsigned long a[2] = {1, 0}; a[0]; sp += 16) {
+        if (rd(t, sp, a, 16)) break;
+        if (a[0] == 33) { unsigned long ign = 1; wr(t, sp, &ign, 8); }              /* AT_SYSINFO_EHDR */
+        if (a[0] == 25) { unsigned char r16[16]; memset(r16, 0x5a, 16); wr(t, a[1], r16, 16); } /* AT_RANDOM */
+      }
       ptrace(PTRACE_CONT, t, 0, 0); continue;
     }
     if (sig == SIGTRAP && ev) { ptrace(PTRACE_CONT, t, 0, 0); continue; }
-    if (sig == SIGSTOP && ev == 0) { ptrace(PTRACE_CONT, t, 0, 0); continue; }
+    if (sig == SIGSTOP && ev == 0) { struct pend *p = slot(t); int first = !p->seen; p->seen = 1; ptrace(PTRACE_CONT, t, 0, first ? 0 : sig); continue; }
     if (ev == PTRACE_EVENT_STOP) { ptrace(PTRACE_CONT, t, 0, 0); continue; }
     ptrace(PTRACE_CONT, t, 0, sig);
   }

@@ -192,21 +192,20 @@ impl PrivatePostgres {
     }
 
     /// Sends `signal` to the postmaster and every backend (SIGSTOP / SIGCONT: a stalled server
-    /// that neither answers nor closes its connections).
+    /// that neither answers nor closes its connections). The postmaster is stopped before its
+    /// backends are listed, so that none it forks meanwhile is left running.
     pub fn signal_all(&self, signal: i32) {
         let pid_file = std::fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap();
-        let postmaster: u32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
+        let postmaster = pid_file.lines().next().and_then(server_pid).unwrap();
+        send_signal(postmaster, signal);
         let children = std::process::Command::new("pgrep")
             .args(["-P", &postmaster.to_string()])
             .output()
             .unwrap();
-        let mut pids = vec![postmaster];
-        pids.extend(
-            String::from_utf8_lossy(&children.stdout)
-                .lines()
-                .filter_map(|l| l.trim().parse::<u32>().ok()),
-        );
-        for pid in pids {
+        for pid in String::from_utf8_lossy(&children.stdout)
+            .lines()
+            .filter_map(server_pid)
+        {
             send_signal(pid, signal);
         }
     }
@@ -244,6 +243,13 @@ fn as_nobody(tool: &str, args: &[&str]) {
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
+        // A test that failed while the server was stopped would leave pg_ctl waiting for a
+        // postmaster that never runs again.
+        if self.dir.join("data/postmaster.pid").exists()
+            && std::panic::catch_unwind(|| self.signal_all(libc::SIGCONT)).is_err()
+        {
+            eprintln!("could not resume the private PostgreSQL before stopping it");
+        }
         let _ = std::process::Command::new("runuser")
             .args(["-u", "nobody", "--", &format!("{PG_BIN}/pg_ctl"), "-D"])
             .arg(self.dir.join("data"))
@@ -359,6 +365,12 @@ impl Drop for PrivateCluster {
     }
 }
 
+/// A server's process id as a pid file or `pgrep` prints it: never 0 or 1, which kill(2)
+/// would take for this test's process group or init.
+fn server_pid(line: &str) -> Option<u32> {
+    line.trim().parse::<u32>().ok().filter(|pid| *pid > 1)
+}
+
 /// Sends `signal` to process `pid` (one of this test's servers); after SIGSTOP, returns only once
 /// every thread of it has stopped.
 ///
@@ -367,35 +379,62 @@ impl Drop for PrivateCluster {
 /// a build: 126 of 300 nats-server processes still had a running thread right after kill, for up
 /// to 13 ms — time enough for a "stopped" server to acknowledge the test's next publish.
 fn send_signal(pid: u32, signal: i32) {
+    let pid_t = i32::try_from(pid).expect("a pid fits pid_t");
     // SAFETY: kill(2) on a process this test started.
-    unsafe { libc::kill(pid as i32, signal) };
+    if unsafe { libc::kill(pid_t, signal) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // A process that exited meanwhile has nothing left to stop or resume.
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::ESRCH),
+            "kill({pid}, {signal}): {e}"
+        );
+        return;
+    }
     if signal != libc::SIGSTOP {
         return;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !all_threads_stopped(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "process {pid} still runs 10 s after SIGSTOP"
-        );
+    loop {
+        let running = running_threads(pid);
+        if running.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            // Resumed before failing: a stopped server would hang its own clean-up.
+            // SAFETY: as above.
+            unsafe { libc::kill(pid_t, libc::SIGCONT) };
+            panic!(
+                "process {pid} not stopped 10 s after SIGSTOP; its threads' states: {running:?}"
+            );
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-/// Whether no thread of `pid` runs: each is stopped, or gone (a thread or process that exited
-/// cannot answer either).
-fn all_threads_stopped(pid: u32) -> bool {
+/// The threads of `pid` that are not stopped, as (thread id, state): empty when each is
+/// stopped, or gone (a thread or process that exited cannot answer either).
+fn running_threads(pid: u32) -> Vec<(String, char)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return true;
+        return Vec::new();
     };
-    tasks.flatten().all(|task| {
-        std::fs::read_to_string(task.path().join("stat")).map_or(true, |stat| {
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            // Gone since the listing: nothing to wait for.
+            let stat = std::fs::read(task.path().join("stat")).ok()?;
             // The state is the first field after the command name, which may hold any byte.
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().next());
-            matches!(state, None | Some("T" | "t" | "Z" | "X"))
+            let after_name = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+            let state = after_name
+                .iter()
+                .copied()
+                .find(|b| !b.is_ascii_whitespace())?;
+            (!matches!(state, b'T' | b't' | b'Z' | b'X')).then(|| {
+                (
+                    task.file_name().to_string_lossy().into_owned(),
+                    state as char,
+                )
+            })
         })
-    })
+        .collect()
 }
