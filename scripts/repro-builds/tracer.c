@@ -36,14 +36,14 @@ static struct pend pend[4096];
 static struct pend *slot(pid_t t) { for (int i = 0; i < 4096; i++) if (pend[i].tid == t) return &pend[i]; for (int i = 0; i < 4096; i++) if (!pend[i].tid) { memset(&pend[i], 0, sizeof pend[i]); pend[i].tid = t; return &pend[i]; } fprintf(stderr, "tracer: more than 4096 threads\n"); exit(3); }
 static int rd(pid_t t, unsigned long addr, void *buf, size_t n) { struct iovec l = {buf, n}, r = {(void *)addr, n}; return process_vm_readv(t, &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1; }
 static int wr(pid_t t, unsigned long addr, void *buf, size_t n) { struct iovec l = {buf, n}, r = {(void *)addr, n}; return process_vm_writev(t, &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1; }
-static int path_of(pid_t t, long dirfd, unsigned long p, int empty, char *out, size_t len) {
+static int path_of(pid_t t, long dirfd, unsigned long p, char *out, size_t len) {
   char s[4096] = {0};
   if (p) { for (size_t i = 0; i < sizeof s - 1; i += 1) { if (rd(t, p + i, s + i, 1)) return -1; if (!s[i]) break; } }
   if (s[0] == '/') { snprintf(out, len, "%s", s); return 0; }
   char link[64];
   if ((int)dirfd == AT_FDCWD) snprintf(link, sizeof link, "/proc/%d/cwd", t); else snprintf(link, sizeof link, "/proc/%d/fd/%d", t, (int)dirfd);
   ssize_t n = readlink(link, out, len - 1); if (n < 0) return -1; out[n] = 0;
-  (void)empty; /* with AT_EMPTY_PATH and a path, the kernel uses the path */
+  /* An empty path (AT_EMPTY_PATH) is the descriptor itself; with a path the kernel uses the path. */
   if (s[0]) { size_t l = strlen(out); snprintf(out + l, len - l, "/%s", s); }
   return 0;
 }
@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
       if (p && p->nr && ((long)r.rax == 0 || p->nr == SYS_getrandom)) {
         char path[4096];
         if (p->nr == SYS_statx) {
-          if (!path_of(t, p->a[0], p->a[1], p->a[2] & AT_EMPTY_PATH, path, sizeof path) && !strncmp(path, PFX, strlen(PFX))) {
+          if (!path_of(t, p->a[0], p->a[1], path, sizeof path) && !strncmp(path, PFX, strlen(PFX))) {
             struct statx sx; if (!rd(t, p->a[4], &sx, sizeof sx)) {
               sx.stx_atime.tv_sec = sx.stx_btime.tv_sec = sx.stx_ctime.tv_sec = sx.stx_mtime.tv_sec = 978307200;
               sx.stx_atime.tv_nsec = sx.stx_btime.tv_nsec = sx.stx_ctime.tv_nsec = sx.stx_mtime.tv_nsec = 0;
@@ -123,9 +123,9 @@ int main(int argc, char **argv) {
           if (p->a[0]) { struct timeval tv = {978307200, 0}; wr(t, p->a[0], &tv, sizeof tv); } fixed++;
         } else if (p->nr == SYS_newfstatat || p->nr == SYS_fstat || p->nr == SYS_stat || p->nr == SYS_lstat) {
           int ok; unsigned long buf;
-          if (p->nr == SYS_newfstatat) { ok = !path_of(t, p->a[0], p->a[1], p->a[3] & AT_EMPTY_PATH, path, sizeof path); buf = p->a[2]; }
-          else if (p->nr == SYS_fstat) { ok = !path_of(t, p->a[0], 0, 1, path, sizeof path); buf = p->a[1]; }
-          else { ok = !path_of(t, AT_FDCWD, p->a[0], 0, path, sizeof path); buf = p->a[1]; }
+          if (p->nr == SYS_newfstatat) { ok = !path_of(t, p->a[0], p->a[1], path, sizeof path); buf = p->a[2]; }
+          else if (p->nr == SYS_fstat) { ok = !path_of(t, p->a[0], 0, path, sizeof path); buf = p->a[1]; }
+          else { ok = !path_of(t, AT_FDCWD, p->a[0], path, sizeof path); buf = p->a[1]; }
           if (ok && !strncmp(path, PFX, strlen(PFX))) {
             struct stat s; if (!rd(t, buf, &s, sizeof s)) {
               s.st_atim.tv_sec = s.st_mtim.tv_sec = s.st_ctim.tv_sec = 978307200; s.st_atim.tv_nsec = s.st_mtim.tv_nsec = s.st_ctim.tv_nsec = 0;
