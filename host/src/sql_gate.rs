@@ -242,8 +242,9 @@ fn judge(sql: &str) -> Result<(), String> {
     let expanded = expanded_size(&tree, 0);
     if expanded > MAX_EXPANDED_NODES {
         return Err(format!(
-            "statement refused: nested BETWEEN or IN lists would make the server copy \
-             {expanded} expression nodes; at most {MAX_EXPANDED_NODES}"
+            "statement refused: the server would copy {expanded} expression nodes while \
+             analysing and planning it (nested BETWEEN or IN lists, or a subquery's outputs \
+             referenced again and again in the queries above it); at most {MAX_EXPANDED_NODES}"
         ));
     }
     Ok(())
@@ -650,6 +651,185 @@ mod tests {
             "SELECT 1 WHERE 5 IN (1, 2, 3, 4, 5, 6, 7, 8)".to_string(),
             format!("SELECT 1 WHERE 5 IN ({})", vec!["7"; 5000].join(",")),
         ] {
+            assert_eq!(check(&sql), Ok(()), "{sql}");
+        }
+    }
+
+    /// A subquery's output expressions, referenced more than once by the query above it, are
+    /// copied into it when the planner pulls the subquery up; a chain of such subqueries
+    /// doubles per level (26 levels of `s || s`: 22 GB in one server process, then the OOM
+    /// killer and a restart of every session). Generated over the ways a query sees another
+    /// one's outputs and the ways an expression references a column twice, at every depth
+    /// from the bound to a chain of 40.
+    #[test]
+    fn subquery_outputs_copied_up_a_chain_are_refused() {
+        let twice = [
+            "s || s",
+            "concat(s, s)",
+            "format('%s%s', s, s)",
+            "ARRAY[s, s]::text",
+            "CASE WHEN s = '' THEN s ELSE s END",
+            "coalesce(s, s)",
+            "(s, s)::text",
+        ];
+        // Each shape: how level `i` selects `s` from level `i - 1` (`{p}`).
+        let ctes = |n: usize, e: &str| {
+            let mut list = vec!["c0 AS (SELECT 'xxxxxxxx'::text AS s)".to_string()];
+            for i in 1..=n {
+                list.push(format!("c{i} AS (SELECT {e} AS s FROM c{p})", p = i - 1));
+            }
+            format!("WITH {} SELECT length(s) FROM c{n}", list.join(", "))
+        };
+        let nested = |n: usize, e: &str| {
+            let mut q = "SELECT 'xxxxxxxx'::text AS s".to_string();
+            for i in 0..n {
+                q = format!("SELECT {e} AS s FROM ({q}) AS t{i}");
+            }
+            q
+        };
+        let lateral = |n: usize, e: &str| {
+            let mut from = "(SELECT 'xxxxxxxx'::text AS s) AS t0".to_string();
+            for i in 1..=n {
+                from = format!(
+                    "{from} CROSS JOIN LATERAL (SELECT {e} AS s FROM (SELECT t{p}.s) AS u) AS t{i}",
+                    p = i - 1
+                );
+            }
+            format!("SELECT length(t{n}.s) FROM {from}")
+        };
+        let unions = |n: usize, e: &str| {
+            let mut q = "SELECT 'xxxxxxxx'::text AS s".to_string();
+            for i in 0..n {
+                q = format!("SELECT {e} AS s FROM ({q} UNION ALL SELECT 'y') AS t{i}");
+            }
+            q
+        };
+        let correlated = |n: usize, e: &str| {
+            let mut q = "SELECT 'xxxxxxxx'::text AS s".to_string();
+            for i in 0..n {
+                q = format!("SELECT (SELECT {e}) AS s FROM ({q}) AS t{i}");
+            }
+            q
+        };
+        type Shape<'a> = &'a dyn Fn(usize, &str) -> String;
+        let shapes: [(&str, Shape); 5] = [
+            ("ctes", &ctes),
+            ("nested", &nested),
+            ("lateral", &lateral),
+            ("unions", &unions),
+            ("correlated", &correlated),
+        ];
+        // The statements that carry a query: each refused as the query alone is.
+        let carriers = [
+            "{q}",
+            "INSERT INTO t (v) SELECT s FROM ({q}) AS q",
+            "UPDATE t SET v = q.s FROM ({q}) AS q",
+            "DELETE FROM t USING ({q}) AS q WHERE t.v = q.s",
+            "MERGE INTO t USING ({q}) AS q ON t.v = q.s WHEN MATCHED THEN DELETE",
+            "SELECT 1 WHERE EXISTS ({q})",
+        ];
+        let mut judged = 0;
+        for (name, shape) in shapes {
+            for e in twice {
+                for carrier in carriers {
+                    let sql = |n| carrier.replace("{q}", &shape(n, e));
+                    for n in [16, 17, 20, 26, 40] {
+                        assert!(check(&sql(n)).is_err(), "{name} {n} deep, {e}: {}", sql(n));
+                        judged += 1;
+                    }
+                    // A few levels, as a handler's pipeline of CTEs might have.
+                    assert_eq!(check(&sql(4)), Ok(()), "{name} 4 deep, {e}");
+                }
+            }
+        }
+        assert_eq!(judged, 5 * 7 * 6 * 5);
+        // A column referenced under another name: a whole row (`t`, `row_to_json(t)`, `t.*`),
+        // an alias list's name, a `*` passing the columns on.
+        let renamed: [&dyn Fn(usize) -> String; 5] = [
+            &|n| {
+                let mut q = "SELECT 'xxxxxxxx'::text AS s".to_string();
+                for i in 0..n {
+                    q = format!("SELECT concat(t{i}, t{i}) AS s FROM ({q}) AS t{i}");
+                }
+                q
+            },
+            &|n| {
+                let mut list = vec!["c0 AS (SELECT 'xxxxxxxx'::text AS s)".to_string()];
+                for i in 1..=n {
+                    list.push(format!(
+                        "c{i} AS (SELECT row_to_json(c{p})::text || row_to_json(c{p})::text \
+                         AS s FROM c{p})",
+                        p = i - 1
+                    ));
+                }
+                format!("WITH {} SELECT length(s) FROM c{n}", list.join(", "))
+            },
+            &|n| {
+                let mut q = "SELECT 'xxxxxxxx'::text AS s".to_string();
+                for i in 0..n {
+                    q = format!("SELECT ROW(t{i}.*, t{i}.*)::text AS s FROM ({q}) AS t{i}");
+                }
+                q
+            },
+            &|n| {
+                let mut q = "SELECT 'xxxxxxxx'::text AS s".to_string();
+                for i in 0..n {
+                    q = format!(
+                        "SELECT a || b AS s FROM (SELECT s AS x, s AS y FROM ({q}) AS w) \
+                         AS t{i} (a, b)"
+                    );
+                }
+                q
+            },
+            &|n| {
+                let mut q = "SELECT 'xxxxxxxx'::text AS s".to_string();
+                for i in 0..n {
+                    q = format!("SELECT s || s AS s FROM (SELECT * FROM ({q}) AS w) AS t{i}");
+                }
+                q
+            },
+        ];
+        for (k, shape) in renamed.iter().enumerate() {
+            for carrier in carriers {
+                let sql = |n| carrier.replace("{q}", &shape(n));
+                for n in [16, 20, 30] {
+                    assert!(
+                        check(&sql(n)).is_err(),
+                        "renamed shape {k}, {n} deep: {}",
+                        sql(n)
+                    );
+                }
+                assert_eq!(check(&sql(4)), Ok(()), "renamed shape {k}, 4 deep");
+            }
+        }
+        // Long pipelines that reference each column once, and wide sources referenced
+        // often, stay inside the bound.
+        let mut list = vec!["c0 AS (SELECT 1 AS id, 2.5 AS amount, 'a' AS note)".to_string()];
+        for i in 1..=60 {
+            list.push(format!(
+                "c{i} AS (SELECT id, amount * 1.1 AS amount, upper(note) AS note FROM c{p} \
+                 WHERE id > 0)",
+                p = i - 1
+            ));
+        }
+        let pipeline = format!("WITH {} SELECT id, amount, note FROM c60", list.join(", "));
+        let values = format!(
+            "INSERT INTO t (a, b, c) SELECT a, b, c FROM (VALUES {}) AS v (a, b, c) \
+             WHERE a > 0 AND b <> '' ORDER BY a",
+            (0..1000)
+                .map(|i| format!("({i}, 'sku-{i}', {i}.5)"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let wide = format!(
+            "SELECT {} FROM (SELECT CASE WHEN k = 1 THEN 'a' WHEN k = 2 THEN 'b' WHEN k = 3 \
+             THEN 'c' ELSE 'd' END AS c, k FROM t) AS w WHERE k = $1",
+            (0..100)
+                .map(|i| format!("c || '{i}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for sql in [pipeline, values, wide] {
             assert_eq!(check(&sql), Ok(()), "{sql}");
         }
     }

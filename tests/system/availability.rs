@@ -951,8 +951,9 @@ async fn statements_the_server_would_expand_are_refused() {
 /// by a second review: `(expression).*` nested (the expression copied once per column, ×4 per
 /// level over `pg_namespace`: 1.97 GB from 299 bytes), many `*` over a wide FROM list (800 of
 /// them: 1.66 GB), `NOT MATERIALIZED` CTEs nested and referenced twice (a plan doubling per
-/// level; with JIT, compiled for 45 s past a 3 s deadline). Each refused, at sizes that stay
-/// small should a regression let them through.
+/// level; with JIT, compiled for 45 s past a 3 s deadline), and found later, subqueries whose
+/// outputs the planner copies into the query above (see `sql_gate::bounds`). Each refused, at
+/// sizes that stay small should a regression let them through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_that_multiply_analysis_or_planning_are_refused() {
     let mut arena = Arena::start("multiply", "max_deliver = 1\nhandler_timeout = \"3s\"\n").await;
@@ -984,6 +985,20 @@ async fn statements_that_multiply_analysis_or_planning_are_refused() {
         }
         let sql = format!("WITH {} SELECT count(*) FROM c{levels}", ctes.join(", "));
         scripts.push(statement("execute", &sql));
+    }
+    // A subquery's outputs copied into the query above at each reference, up a chain that
+    // doubles per level (26 levels: 22 GB while planning, then the OOM killer restarted the
+    // server); here 16 and 17 levels, 80–200 MB should a regression let them through.
+    for levels in [16, 17] {
+        let mut ctes = vec!["c0 AS (SELECT 'xxxxxxxx'::text AS s)".to_string()];
+        let mut nested = "SELECT 'xxxxxxxx'::text AS s".to_string();
+        for i in 1..=levels {
+            ctes.push(format!("c{i} AS (SELECT s || s AS s FROM c{p})", p = i - 1));
+            nested = format!("SELECT concat(s, s) AS s FROM ({nested}) AS t{i}");
+        }
+        let sql = format!("WITH {} SELECT length(s) FROM c{levels}", ctes.join(", "));
+        scripts.push(statement("query", &sql));
+        scripts.push(statement("execute", &nested));
     }
     arena.attack(&scripts).await;
     arena.bystander_applies(4).await;

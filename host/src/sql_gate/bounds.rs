@@ -21,22 +21,157 @@ pub(super) const MAX_EXPANDED_NODES: u64 = 64_000;
 /// recursion within a few MiB of the parser threads' stack.
 pub(super) const MAX_TOKEN_DEPTH: usize = 1000;
 
-/// The nodes a parse tree (read as JSON) stands for after PostgreSQL's analysis copied the left
-/// side of each `BETWEEN` (2 copies, 4 for `SYMMETRIC`) and of each `IN` list holding anything
-/// but constants (one per item), saturating. Depth is bounded by the walk before it.
+/// The nodes a parse tree (read as JSON) stands for once PostgreSQL's analysis and planning have
+/// copied what they copy, saturating:
+/// * the left side of each `BETWEEN` (2 copies, 4 for `SYMMETRIC`) and of each `IN` list holding
+///   anything but constants (one per item);
+/// * a subquery's or common table expression's output expressions, once per reference to them:
+///   the planner pulls a simple subquery (and a CTE referenced once) up into the query above,
+///   replacing every reference to its columns by the expression itself. A chain of 26 CTEs each
+///   selecting `s || s` from the one before (1.3 KB of text) made one server process allocate
+///   22 GB while planning, past its statement timeout, until the kernel's OOM killer ended it
+///   and the whole server restarted every session. A column reference counts as the largest
+///   output of that name in its scope (the query's own subqueries and the CTEs it sees, and
+///   every enclosing query's), or of any name where PostgreSQL names the output itself; a `*`
+///   as all of them.
+///
+/// Depth is bounded by the walk before it.
 pub(super) fn expanded_size(value: &serde_json::Value, depth: usize) -> u64 {
+    size(value, &Scope::default(), Walk::Whole, depth)
+}
+
+/// What the columns in a query's scope stand for, once its subqueries are pulled up.
+#[derive(Clone, Default)]
+struct Scope {
+    /// Outputs of the subqueries and CTEs in scope, by name.
+    named: Vec<(String, u64)>,
+    /// The largest output whose name the gate does not know (PostgreSQL names an expression
+    /// itself; a `*` brings names of its own): a reference of any name may be it.
+    unnamed: u64,
+    /// All outputs together: what a `*` stands for.
+    all: u64,
+    /// The FROM items that are subqueries or CTEs, by the name a whole-row reference uses
+    /// (`SELECT t`, `row_to_json(t)`, `t.f`): all their outputs.
+    rows: Vec<(String, u64)>,
+    /// The CTEs in scope, by name: all their outputs.
+    ctes: Vec<(String, u64)>,
+}
+
+impl Scope {
+    /// What a column reference stands for (its fields: `[table.]column`, or a whole row).
+    fn column(&self, fields: &[&str]) -> u64 {
+        let Some(last) = fields.last() else {
+            return self.star();
+        };
+        let named = self
+            .named
+            .iter()
+            .filter(|(n, _)| n == last)
+            .fold(0, |m, (_, s)| m.max(*s));
+        // Not a column of a subquery: a whole row, or a function called on one (`t.f`).
+        let rows = if named == 0 {
+            self.rows
+                .iter()
+                .filter(|(n, _)| fields.contains(&n.as_str()))
+                .fold(0, |m, (_, s)| m.max(*s))
+        } else {
+            0
+        };
+        named.max(rows).max(self.unnamed).max(1)
+    }
+
+    fn star(&self) -> u64 {
+        self.all.max(1)
+    }
+
+    /// The scope once a subquery or CTE with these outputs is in it.
+    fn add(&mut self, outputs: &Outputs) {
+        self.named.extend(outputs.named.iter().cloned());
+        self.unnamed = self.unnamed.max(outputs.unnamed);
+        self.all = self.all.saturating_add(outputs.all);
+    }
+}
+
+/// A query's size and what its outputs stand for.
+#[derive(Clone, Default)]
+struct Outputs {
+    total: u64,
+    /// The outputs in order, by name (`None`: named by PostgreSQL).
+    columns: Vec<(Option<String>, u64)>,
+    /// Outputs a `*` brought in, of names and positions not known here.
+    starred: Option<Scope>,
+    named: Vec<(String, u64)>,
+    unnamed: u64,
+    all: u64,
+}
+
+impl Outputs {
+    /// Settles `named`, `unnamed` and `all` from the columns (renamed by an alias list).
+    fn settle(mut self, renames: &[String]) -> Outputs {
+        let widest = self.columns.iter().fold(0u64, |m, (_, s)| m.max(*s));
+        let starred_widest = self.starred.as_ref().map_or(0, |s| {
+            s.named.iter().fold(s.unnamed, |m, (_, size)| m.max(*size))
+        });
+        if self.starred.is_some() {
+            // Positions are not known: every new name may be any output.
+            let any = widest.max(starred_widest);
+            self.named = renames.iter().map(|n| (n.clone(), any)).collect();
+        } else {
+            self.named = Vec::new();
+            for (i, (name, size)) in self.columns.iter().enumerate() {
+                match renames.get(i).cloned().or_else(|| name.clone()) {
+                    Some(n) => self.named.push((n, *size)),
+                    None => self.unnamed = self.unnamed.max(*size),
+                }
+            }
+        }
+        if let Some(starred) = &self.starred {
+            if renames.is_empty() {
+                self.named.extend(starred.named.iter().cloned());
+            }
+            self.unnamed = self.unnamed.max(starred.unnamed);
+        }
+        self.all = self
+            .columns
+            .iter()
+            .fold(0u64, |n, (_, s)| n.saturating_add(*s))
+            .saturating_add(self.starred.as_ref().map_or(0, |s| s.all));
+        self
+    }
+}
+
+/// Whether a walk counts the subqueries of a FROM list (already counted by [`query`]).
+#[derive(Clone, Copy, PartialEq)]
+enum Walk {
+    Whole,
+    SkipSubqueries,
+}
+
+fn size(value: &serde_json::Value, scope: &Scope, walk: Walk, depth: usize) -> u64 {
     use serde_json::Value;
     if depth > MAX_DEPTH {
         return u64::MAX;
     }
     match value {
-        Value::Array(items) => items
-            .iter()
-            .fold(0u64, |n, v| n.saturating_add(expanded_size(v, depth + 1))),
+        Value::Array(items) => items.iter().fold(0u64, |n, v| {
+            n.saturating_add(size(v, scope, walk, depth + 1))
+        }),
         Value::Object(fields) => {
+            if is_query(fields) {
+                return query(fields, scope, depth).total;
+            }
+            if walk == Walk::SkipSubqueries && fields.contains_key("RangeSubselect") {
+                return 0;
+            }
+            if let Some(column) = fields.get("ColumnRef") {
+                return match column_name(column) {
+                    Some(_) => scope.column(&column_fields(column)),
+                    None => scope.star(),
+                };
+            }
             if let Some(expr) = fields.get("AExpr") {
                 let kind = expr.get("kind").and_then(Value::as_i64).unwrap_or(0);
-                let size = |f: &str| expr.get(f).map_or(0, |v| expanded_size(v, depth + 1));
+                let part = |f: &str| expr.get(f).map_or(0, |v| size(v, scope, walk, depth + 1));
                 let copies: u64 = match kind {
                     // AEXPR_BETWEEN, AEXPR_NOT_BETWEEN; the SYMMETRIC ones.
                     11 | 12 => 2,
@@ -45,16 +180,306 @@ pub(super) fn expanded_size(value: &serde_json::Value, depth: usize) -> u64 {
                     7 => in_list_items(expr.get("rexpr")),
                     _ => 1,
                 };
-                return size("lexpr")
+                return part("lexpr")
                     .saturating_mul(copies.max(1))
-                    .saturating_add(size("rexpr"))
+                    .saturating_add(part("rexpr"))
                     .saturating_add(1);
+            }
+            fields.values().fold(1u64, |n, v| {
+                n.saturating_add(size(v, scope, walk, depth + 1))
+            })
+        }
+        _ => 0,
+    }
+}
+
+/// The names of a `ColumnRef`'s fields (a `*` left out).
+fn column_fields(column: &serde_json::Value) -> Vec<&str> {
+    column
+        .get("fields")
+        .and_then(serde_json::Value::as_array)
+        .map(|f| {
+            f.iter()
+                .filter_map(|n| {
+                    n.pointer("/node/String/sval")
+                        .and_then(serde_json::Value::as_str)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The column a `ColumnRef` names (its last field); `None` for a `*`.
+fn column_name(column: &serde_json::Value) -> Option<&str> {
+    let last = column.get("fields")?.as_array()?.last()?;
+    last.pointer("/node/String/sval")?.as_str()
+}
+
+/// A statement or subquery (`SELECT`, `INSERT`, `UPDATE`, `DELETE`, `MERGE`; a set operation's
+/// arms): the nodes that may carry a WITH list (the field is there, `null` or not; a join's
+/// `using_clause` is a list of names, not a statement's).
+fn is_query(fields: &serde_json::Map<String, serde_json::Value>) -> bool {
+    fields.contains_key("with_clause")
+}
+
+/// A query's size and outputs, its CTEs and FROM subqueries sized first: each sees the scope
+/// before it (a later CTE references an earlier one; a LATERAL subquery an earlier FROM
+/// item), and the rest of the query sees them all.
+fn query(
+    fields: &serde_json::Map<String, serde_json::Value>,
+    outer: &Scope,
+    depth: usize,
+) -> Outputs {
+    use serde_json::Value;
+    let mut out = Outputs {
+        total: 1,
+        ..Outputs::default()
+    };
+    if depth > MAX_DEPTH {
+        out.total = u64::MAX;
+        return out;
+    }
+    let mut scope = outer.clone();
+    let ctes = fields
+        .get("with_clause")
+        .and_then(|w| w.get("ctes"))
+        .and_then(Value::as_array);
+    for cte in ctes.into_iter().flatten() {
+        let Some(cte) = cte.pointer("/node/CommonTableExpr") else {
+            continue;
+        };
+        if let Some(q) = cte.get("ctequery") {
+            let outputs = subquery(q, &scope, &names(cte.get("aliascolnames")), depth + 1);
+            out.total = out.total.saturating_add(outputs.total);
+            scope.add(&outputs);
+            if let Some(name) = cte.get("ctename").and_then(Value::as_str) {
+                scope.ctes.push((name.to_string(), outputs.all));
+            }
+        }
+    }
+    // A set operation: its arms are the queries; the outputs are the first arm's names, each
+    // as large as the larger arm's at that place.
+    if let (Some(Value::Object(l)), Some(Value::Object(r))) =
+        (fields.get("larg"), fields.get("rarg"))
+    {
+        let (l, r) = (query(l, &scope, depth + 1), query(r, &scope, depth + 1));
+        let mut columns = l.columns.clone();
+        for (i, (_, s)) in columns.iter_mut().enumerate() {
+            *s = (*s).max(r.columns.get(i).map_or(0, |c| c.1));
+        }
+        return Outputs {
+            total: out.total.saturating_add(l.total).saturating_add(r.total),
+            columns,
+            starred: match (l.starred, r.starred) {
+                (None, None) => None,
+                (a, b) => {
+                    let (mut a, b) = (a.unwrap_or_default(), b.unwrap_or_default());
+                    a.named.extend(b.named);
+                    a.unnamed = a.unnamed.max(b.unnamed);
+                    a.all = a.all.max(b.all);
+                    Some(a)
+                }
+            },
+            ..Outputs::default()
+        }
+        .settle(&[]);
+    }
+    for key in ["from_clause", "using_clause", "source_relation"] {
+        if let Some(from) = fields.get(key) {
+            let mut found = Vec::new();
+            from_items(from, depth + 1, &mut found);
+            for item in found {
+                match item {
+                    FromItem::Subquery {
+                        query: q,
+                        alias,
+                        renames,
+                    } => {
+                        let outputs = subquery(q, &scope, &renames, depth + 1);
+                        out.total = out.total.saturating_add(outputs.total);
+                        scope.add(&outputs);
+                        if let Some(alias) = alias {
+                            scope.rows.push((alias, outputs.all));
+                        }
+                    }
+                    FromItem::Relation { name, alias } => {
+                        let cte = scope
+                            .ctes
+                            .iter()
+                            .filter(|(n, _)| *n == name)
+                            .fold(0, |m, (_, s)| m.max(*s));
+                        if cte > 0 {
+                            scope.rows.push((alias.unwrap_or(name), cte));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (key, value) in fields {
+        let part = match key.as_str() {
+            "with_clause" | "larg" | "rarg" => 0,
+            "from_clause" | "using_clause" | "source_relation" => {
+                size(value, &scope, Walk::SkipSubqueries, depth + 1)
+            }
+            "target_list" => {
+                let items = value.as_array().map_or(&[][..], Vec::as_slice);
+                items.iter().fold(0u64, |n, item| {
+                    let s = size(item, &scope, Walk::Whole, depth + 1);
+                    let target = item.pointer("/node/ResTarget");
+                    let alias = target
+                        .and_then(|t| t.get("name"))
+                        .and_then(Value::as_str)
+                        .filter(|n| !n.is_empty());
+                    let column = target.and_then(|t| t.pointer("/val/node/ColumnRef"));
+                    match (alias, column) {
+                        (Some(a), _) => out.columns.push((Some(a.to_string()), s)),
+                        (None, Some(c)) => match column_name(c) {
+                            Some(name) => out.columns.push((Some(name.to_string()), s)),
+                            // `*`, `t.*`: every column in scope, of names not known here.
+                            None => {
+                                let starred = out.starred.get_or_insert_with(Scope::default);
+                                starred.named.extend(scope.named.iter().cloned());
+                                starred.unnamed = starred.unnamed.max(scope.unnamed);
+                                starred.all = starred.all.saturating_add(scope.all);
+                            }
+                        },
+                        (None, None) => out.columns.push((None, s)),
+                    }
+                    n.saturating_add(s)
+                })
+            }
+            "values_lists" => {
+                let rows = value.as_array().map_or(&[][..], Vec::as_slice);
+                rows.iter().fold(0u64, |n, row| {
+                    let items = row
+                        .pointer("/node/List/items")
+                        .and_then(Value::as_array)
+                        .map_or(&[][..], Vec::as_slice);
+                    items.iter().enumerate().fold(n, |n, (i, v)| {
+                        let s = size(v, &scope, Walk::Whole, depth + 1);
+                        if out.columns.len() <= i {
+                            out.columns.push((Some(format!("column{}", i + 1)), 0));
+                        }
+                        out.columns[i].1 = out.columns[i].1.max(s);
+                        n.saturating_add(s)
+                    })
+                })
+            }
+            _ => size(value, &scope, Walk::Whole, depth + 1),
+        };
+        out.total = out.total.saturating_add(part);
+    }
+    out.settle(&[])
+}
+
+/// The names of an alias list (`AS t (a, b)`, `c (a, b) AS (...)`).
+fn names(list: Option<&serde_json::Value>) -> Vec<String> {
+    list.and_then(serde_json::Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|n| {
+                    n.pointer("/node/String/sval")
+                        .and_then(serde_json::Value::as_str)
+                })
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A subquery node (`{"SelectStmt": ...}`, or any statement a CTE may hold) sized as a query,
+/// its outputs renamed by an alias list.
+fn subquery(node: &serde_json::Value, scope: &Scope, renames: &[String], depth: usize) -> Outputs {
+    let inner = node
+        .get("node")
+        .and_then(serde_json::Value::as_object)
+        .and_then(|n| n.values().next())
+        .and_then(serde_json::Value::as_object);
+    match inner {
+        Some(fields) if is_query(fields) => {
+            let outputs = query(fields, scope, depth);
+            if renames.is_empty() {
+                outputs
+            } else {
+                outputs.settle(renames)
+            }
+        }
+        _ => {
+            let total = size(node, scope, Walk::Whole, depth);
+            Outputs {
+                total,
+                unnamed: total,
+                all: total,
+                ..Outputs::default()
+            }
+        }
+    }
+}
+
+/// A subquery of a FROM list, or a relation it names (perhaps a CTE).
+enum FromItem<'a> {
+    Subquery {
+        query: &'a serde_json::Value,
+        alias: Option<String>,
+        renames: Vec<String>,
+    },
+    Relation {
+        name: String,
+        alias: Option<String>,
+    },
+}
+
+/// The subqueries of a FROM list (with their alias lists) and the relations it names without a
+/// schema, in order, through joins; not into the subqueries.
+fn from_items<'a>(value: &'a serde_json::Value, depth: usize, found: &mut Vec<FromItem<'a>>) {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return;
+    }
+    let alias_of = |v: &serde_json::Value| {
+        v.pointer("/alias/aliasname")
+            .and_then(Value::as_str)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+    };
+    match value {
+        Value::Array(items) => items.iter().for_each(|v| from_items(v, depth + 1, found)),
+        Value::Object(fields) => {
+            if let Some(sub) = fields.get("RangeSubselect") {
+                if let Some(q) = sub.get("subquery") {
+                    found.push(FromItem::Subquery {
+                        query: q,
+                        alias: alias_of(sub),
+                        renames: names(sub.pointer("/alias/colnames")),
+                    });
+                }
+                return;
+            }
+            if let Some(rel) = fields.get("RangeVar") {
+                let unqualified = rel
+                    .get("schemaname")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty);
+                if let (true, Some(name)) =
+                    (unqualified, rel.get("relname").and_then(Value::as_str))
+                {
+                    found.push(FromItem::Relation {
+                        name: name.to_string(),
+                        alias: alias_of(rel),
+                    });
+                }
+                return;
+            }
+            if is_query(fields) {
+                return;
             }
             fields
                 .values()
-                .fold(1u64, |n, v| n.saturating_add(expanded_size(v, depth + 1)))
+                .for_each(|v| from_items(v, depth + 1, found));
         }
-        _ => 0,
+        _ => {}
     }
 }
 
