@@ -165,12 +165,19 @@ fn judge(
     poison: Option<crate::tx_handle::Poison>,
 ) -> Option<AttemptFailure> {
     // A serialization failure inside the handler retries the whole transaction whatever
-    // the handler answered; otherwise the handler's own error wins; an `Ok` after a
+    // the handler answered, a statement past the server's limits fails for good; otherwise the handler's own error wins; an `Ok` after a
     // database error is never committed (the transaction is aborted in PostgreSQL).
     match (result, poison) {
         (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure {
             kind: p.kind,
             cause: Rollback::Conflict,
+            reason: p.reason,
+            lock_wait: p.lock_wait,
+        }),
+        // Past the server's own limits: running it again costs the server as much again.
+        (_, Some(p)) if p.past_limits => Some(AttemptFailure {
+            kind: FailureKind::Terminal,
+            cause: Rollback::Database,
             reason: p.reason,
             lock_wait: p.lock_wait,
         }),
@@ -564,6 +571,43 @@ async fn rollback(tx: Tx, wall: &Wall) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whatever the handler answers after a statement of its failed: a statement past the
+    /// server's own limits fails the delivery for good; a serialization failure retries the
+    /// transaction; any other database error leaves the handler's answer standing.
+    #[test]
+    fn a_statement_past_the_servers_limits_fails_for_good_whatever_the_handler_answers() {
+        let poison = |code: &str| crate::tx_handle::Poison {
+            kind: pg::classify_sqlstate(code),
+            reason: format!("{code}: failed"),
+            lock_wait: false,
+            past_limits: code.starts_with("54"),
+        };
+        let answers = || {
+            [
+                Ok(()),
+                Err(HandlerError::Retryable("again".into())),
+                Err(HandlerError::Terminal("never".into())),
+            ]
+        };
+        for (code, answer, kind) in [
+            ("54000", 0, FailureKind::Terminal),
+            ("54000", 1, FailureKind::Terminal),
+            ("54000", 2, FailureKind::Terminal),
+            ("54001", 1, FailureKind::Terminal),
+            ("40001", 2, FailureKind::RetryTransaction),
+            ("23505", 1, FailureKind::Retryable),
+            ("23505", 0, FailureKind::Terminal),
+            ("53200", 1, FailureKind::Retryable),
+            ("53200", 2, FailureKind::Terminal),
+            ("57014", 0, FailureKind::Retryable),
+        ] {
+            let [a, b, c] = answers();
+            let answer = [a, b, c].into_iter().nth(answer).unwrap();
+            let failure = judge(answer, Some(poison(code))).unwrap();
+            assert_eq!(failure.kind, kind, "{code}");
+        }
+    }
 
     #[test]
     fn the_claim_is_the_patterns_insert() {

@@ -33,8 +33,9 @@ pub(crate) enum FailureKind {
     Terminal,
 }
 
-/// Classifies a database error by SQLSTATE. Integrity (class 23) and data (class 22) errors are
-/// terminal; 40001 and 40P01 retry the transaction; everything else — including syntax and
+/// Classifies a database error by SQLSTATE. Integrity (class 23), data (class 22) and
+/// program-limit (class 54: a value, array or statement past what the server allows) errors
+/// are terminal; 40001 and 40P01 retry the transaction; everything else — including syntax and
 /// undefined-object errors, which a plugin or migration fix cures — is retryable, so messages
 /// wait for the fix rather than going to the dead-letter subject at once.
 pub(crate) fn classify(error: &sqlx::Error) -> FailureKind {
@@ -48,9 +49,20 @@ pub(crate) fn classify(error: &sqlx::Error) -> FailureKind {
 pub(crate) fn classify_sqlstate(code: &str) -> FailureKind {
     match code {
         "40001" | "40P01" => FailureKind::RetryTransaction,
-        c if c.starts_with("23") || c.starts_with("22") => FailureKind::Terminal,
+        c if c.starts_with("23") || c.starts_with("22") || c.starts_with("54") => {
+            FailureKind::Terminal
+        }
         _ => FailureKind::Retryable,
     }
+}
+
+/// Whether `error` is past one of the server's own limits on what a statement may build
+/// (class 54, `program_limit_exceeded`: a text or array past 1 GB, a statement too complex).
+/// The same statement over the same data fails the same way every time, after the server
+/// spent what it took to get there (a `string_agg` past 1 GB: 683 MiB in one server process
+/// first), so no answer of the handler makes the delivery run again.
+pub(crate) fn past_server_limits(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("54")))
 }
 
 /// Whether `error` is `lock_not_available` (55P03): a lock wait outlasted `lock_timeout`, or a
@@ -318,6 +330,9 @@ mod tests {
         assert_eq!(classify_sqlstate("23505"), FailureKind::Terminal);
         assert_eq!(classify_sqlstate("23514"), FailureKind::Terminal);
         assert_eq!(classify_sqlstate("22012"), FailureKind::Terminal);
+        assert_eq!(classify_sqlstate("54000"), FailureKind::Terminal);
+        assert_eq!(classify_sqlstate("54001"), FailureKind::Terminal);
+        assert_eq!(classify_sqlstate("53200"), FailureKind::Retryable);
         assert_eq!(classify_sqlstate("57014"), FailureKind::Retryable);
         assert_eq!(classify_sqlstate("08006"), FailureKind::Retryable);
         assert_eq!(classify_sqlstate("42P01"), FailureKind::Retryable);

@@ -27,6 +27,9 @@ pub(crate) struct Poison {
     pub reason: String,
     /// The error was a lock wait given up ([`pg::lock_not_available`]).
     pub lock_wait: bool,
+    /// The statement went past the server's own limits ([`pg::past_server_limits`]): the
+    /// delivery fails for good, whatever the handler answers.
+    pub past_limits: bool,
 }
 
 /// When the attempt must end, and how to stop a statement still running then: the session's
@@ -172,6 +175,7 @@ impl TxHandle {
                         kind: FailureKind::Retryable,
                         reason: reason.clone(),
                         lock_wait: false,
+                        past_limits: false,
                     });
                 }
                 // Dropped mid-statement: the connection is closed, never reused.
@@ -387,6 +391,7 @@ impl TxState {
                 kind: pg::classify(error),
                 reason: reason.clone(),
                 lock_wait: pg::lock_not_available(error),
+                past_limits: pg::past_server_limits(error),
             });
         }
         TxError::Database(reason)
@@ -402,6 +407,7 @@ impl TxState {
                     crate::text::reason(reason)
                 ),
                 lock_wait: false,
+                past_limits: false,
             });
         }
     }

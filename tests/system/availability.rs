@@ -947,6 +947,67 @@ async fn statements_the_server_would_expand_are_refused() {
     arena.stop().await;
 }
 
+/// A statement past one of the server's own limits on what a statement may build (SQLSTATE
+/// class 54: a text or an array past 1 GB) fails the same way every time, after the server
+/// spent what it took to get there: a `string_agg` of 1,100 pieces of 1 MiB grew one server
+/// process to 683 MiB before failing. A plugin that answers such a failure with "retryable"
+/// (the testkit does) made the host run it again up to `max_deliver`, four at a time with
+/// `max_in_flight = 4`. Now each runs once and is dead-lettered at its first attempt, with the
+/// SQLSTATE in the reason; the bystander applies meanwhile. Generated over the functions that
+/// reach a limit and sizes just past it and far past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_past_the_servers_own_limits_run_once() {
+    let mut arena = Arena::start(
+        "limits",
+        "max_deliver = 5\nbackoff = [\"50ms\"]\nmax_in_flight = 4\n\
+         handler_timeout = \"20s\"\nstatement_timeout = \"15s\"\n",
+    )
+    .await;
+    let mut scripts = Vec::new();
+    for n in [1_073_741_824_u64, 1_500_000_000, 2_147_483_647] {
+        for f in ["repeat('x', {n})", "lpad('x', {n})", "rpad('', {n}, 'ab')"] {
+            let call = f.replace("{n}", &n.to_string());
+            scripts.push(statement("query", &format!("SELECT length({call})")));
+        }
+        // A text past 1 GB from a piece of 1 MiB repeated: refused before it is built.
+        let times = n.div_ceil(1 << 20) + 1;
+        scripts.push(statement(
+            "execute",
+            &format!("SELECT length(repeat(repeat('y', 1048576), {times}))"),
+        ));
+    }
+    for n in [134_217_728_u64, 1_000_000_000] {
+        scripts.push(statement(
+            "query",
+            &format!("SELECT array_length(array_fill(1, ARRAY[{n}]), 1)"),
+        ));
+    }
+    // Built piece by piece until the server's string buffer cannot grow: the costly one.
+    scripts.push(statement(
+        "query",
+        "SELECT octet_length(string_agg(repeat(chr(120), 1048576), chr(120))) \
+         FROM generate_series(1, 1100)",
+    ));
+    arena.attack(&scripts).await;
+    arena.bystander_applies(4).await;
+    arena.attack_drained(Duration::from_secs(180)).await;
+    let dead = arena.attacker.dead_letters().await;
+    assert_eq!(dead.len(), scripts.len(), "attacks dead-lettered");
+    for (headers, _) in &dead {
+        let header = |h: &str| headers.get(h).map(|v| v.to_string()).unwrap_or_default();
+        let reason = header(idemhost::headers::FAILURE_REASON_HEADER);
+        assert!(reason.contains("54000"), "{reason}");
+        assert_eq!(
+            header(idemhost::headers::DELIVERY_ATTEMPT_HEADER),
+            "1",
+            "run again after: {reason}"
+        );
+    }
+    arena.bystander_applies(2).await;
+    arena.alive();
+    arena.stop().await;
+}
+
 /// What else makes the server's analysis or planning multiply work from a short text, found
 /// by a second review: `(expression).*` nested (the expression copied once per column, ×4 per
 /// level over `pg_namespace`: 1.97 GB from 299 bytes), many `*` over a wide FROM list (800 of
