@@ -73,6 +73,10 @@ const REFUSED_FUNCTIONS: &[&str] = &[
     // Opens every relation of a view's definition: over `pg_class`, a lock per view
     // (`availability.rs` finds the functions that lock per relation they are given).
     "pg_get_viewdef",
+    // Lock every partition (and index) of a partitioned table, whatever the role may use of
+    // it: over `pg_class` with a table of 2,000 partitions, 4,005 locks held to the end.
+    "pg_partition_tree",
+    "pg_get_partition_constraintdef",
     "dblink",
 ];
 
@@ -120,6 +124,29 @@ pub(crate) const MAX_SQL_BYTES: usize = 64 << 10;
 /// Deepest parse tree walked (a deeper one is refused, not recursed into).
 const MAX_DEPTH: usize = 400;
 
+/// A relation a statement names: its schema if qualified, and its name, as the parser folded
+/// them. PostgreSQL locks a relation it is given by name, and a partitioned table's every
+/// partition and index while planning, before it checks the role's privileges; the delivery
+/// checks these first (see `tx_handle`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Relation {
+    pub(crate) schema: Option<String>,
+    pub(crate) name: String,
+}
+
+impl std::fmt::Display for Relation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = crate::text::reason(&self.name);
+        match &self.schema {
+            Some(schema) => write!(f, "{}.{name}", crate::text::reason(schema)),
+            None => write!(f, "{name}"),
+        }
+    }
+}
+
+/// A statement admitted, with the relations it names; or the refusal the plugin sees.
+pub(crate) type Verdict = Result<std::sync::Arc<[Relation]>, String>;
+
 /// Checks a plugin statement on PostgreSQL's own parse tree (libpg_query: the server's
 /// grammar and scanner); `Err` is the refusal the plugin sees. One statement, of an allowed
 /// kind, no `SELECT ... INTO`, no host relation, no refused function — judged on what the
@@ -127,7 +154,7 @@ const MAX_DEPTH: usize = 400;
 ///
 /// The parse runs on the gate's own threads (see `parser`): the caller's task waits for it
 /// without blocking its thread, and a plugin's fiber stack never holds a parse.
-pub(crate) async fn admit(sql: &str) -> Result<(), String> {
+pub(crate) async fn admit(sql: &str) -> Verdict {
     if let Some(verdict) = known(sql) {
         return verdict;
     }
@@ -140,17 +167,17 @@ pub(crate) async fn admit(sql: &str) -> Result<(), String> {
 #[cfg_attr(not(any(test, feature = "test-support")), allow(dead_code))]
 pub fn check(sql: &str) -> Result<(), String> {
     if let Some(verdict) = known(sql) {
-        return verdict;
+        return verdict.map(|_| ());
     }
     let verdict = parser::judge_blocking(sql);
     VERDICTS.put(sql, &verdict);
-    verdict
+    verdict.map(|_| ())
 }
 
 /// A verdict reached without parsing: the crash tests' ungated mode, or a recent statement's.
-pub(crate) fn known(sql: &str) -> Option<Result<(), String>> {
+pub(crate) fn known(sql: &str) -> Option<Verdict> {
     if crate::failpoint::selected("ungated") {
-        return Some(Ok(()));
+        return Some(Ok(std::sync::Arc::from([])));
     }
     VERDICTS.get(sql)
 }
@@ -161,19 +188,19 @@ pub(crate) fn known(sql: &str) -> Option<Result<(), String>> {
 /// parse it would have paid anyway.
 static VERDICTS: Verdicts = Verdicts(std::sync::Mutex::new(None));
 
-struct Verdicts(std::sync::Mutex<Option<std::collections::HashMap<String, Result<(), String>>>>);
+struct Verdicts(std::sync::Mutex<Option<std::collections::HashMap<String, Verdict>>>);
 
 /// Statements whose verdicts are kept (texts up to [`MAX_CACHED_SQL_BYTES`]).
 const MAX_CACHED: usize = 4096;
 const MAX_CACHED_SQL_BYTES: usize = 4096;
 
 impl Verdicts {
-    fn get(&self, sql: &str) -> Option<Result<(), String>> {
+    fn get(&self, sql: &str) -> Option<Verdict> {
         let map = self.0.lock().ok()?;
         map.as_ref()?.get(sql).cloned()
     }
 
-    fn put(&self, sql: &str, verdict: &Result<(), String>) {
+    fn put(&self, sql: &str, verdict: &Verdict) {
         if sql.len() > MAX_CACHED_SQL_BYTES {
             return;
         }
@@ -188,7 +215,7 @@ impl Verdicts {
 }
 
 /// [`check`] without the cache; runs on a parser thread (see `parser`).
-fn judge(sql: &str) -> Result<(), String> {
+fn judge(sql: &str) -> Verdict {
     if sql.len() > MAX_SQL_BYTES {
         return Err(format!(
             "statement refused: longer than {MAX_SQL_BYTES} bytes"
@@ -237,7 +264,8 @@ fn judge(sql: &str) -> Result<(), String> {
             statement_name(&kind)
         ));
     }
-    walk(&tree, 0)?;
+    let mut named = Vec::new();
+    walk(&tree, 0, &mut named)?;
     check_expansions(&tree, 0, &mut 0)?;
     let expanded = expanded_size(&tree, 0);
     if expanded > MAX_EXPANDED_NODES {
@@ -247,7 +275,9 @@ fn judge(sql: &str) -> Result<(), String> {
              referenced again and again in the queries above it); at most {MAX_EXPANDED_NODES}"
         ));
     }
-    Ok(())
+    named.sort_by(|a, b| (&a.schema, &a.name).cmp(&(&b.schema, &b.name)));
+    named.dedup();
+    Ok(named.into())
 }
 
 /// `SelectStmt` → `SELECT`, for refusals.
@@ -262,19 +292,19 @@ fn statement_name(kind: &str) -> String {
 /// fields, not their wrapper (a statement's target relation is a bare `RangeVar` struct, an
 /// expression's is wrapped in `{"RangeVar": ...}`): anything with a `relname` names a relation,
 /// anything with a `funcname` calls a function, an `into_clause` creates a table.
-fn walk(value: &serde_json::Value, depth: usize) -> Result<(), String> {
+fn walk(value: &serde_json::Value, depth: usize, named: &mut Vec<Relation>) -> Result<(), String> {
     use serde_json::Value;
     if depth > MAX_DEPTH {
         return Err("statement refused: nested too deeply".into());
     }
     match value {
-        Value::Array(items) => items.iter().try_for_each(|v| walk(v, depth + 1)),
+        Value::Array(items) => items.iter().try_for_each(|v| walk(v, depth + 1, named)),
         Value::Object(fields) => {
             if fields.get("into_clause").is_some_and(|v| !v.is_null()) {
                 return Err("statement refused: SELECT ... INTO creates a table".into());
             }
             if fields.contains_key("relname") {
-                check_relation(value)?;
+                named.push(check_relation(value)?);
             }
             if fields.get("funcname").is_some_and(Value::is_array) {
                 check_function(value)?;
@@ -290,13 +320,13 @@ fn walk(value: &serde_json::Value, depth: usize) -> Result<(), String> {
             {
                 check_function_name(name)?;
             }
-            fields.values().try_for_each(|v| walk(v, depth + 1))
+            fields.values().try_for_each(|v| walk(v, depth + 1, named))
         }
         _ => Ok(()),
     }
 }
 
-fn check_relation(range_var: &serde_json::Value) -> Result<(), String> {
+fn check_relation(range_var: &serde_json::Value) -> Result<Relation, String> {
     let name = range_var
         .get("relname")
         .and_then(serde_json::Value::as_str)
@@ -313,7 +343,15 @@ fn check_relation(range_var: &serde_json::Value) -> Result<(), String> {
             "statement refused: `{name}` is reserved to the host"
         ));
     }
-    Ok(())
+    let schema = range_var
+        .get("schemaname")
+        .and_then(serde_json::Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
+    Ok(Relation {
+        schema,
+        name: name.to_string(),
+    })
 }
 
 fn check_function(call: &serde_json::Value) -> Result<(), String> {

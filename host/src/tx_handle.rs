@@ -140,9 +140,50 @@ impl TxHandle {
                 }),
             None => judged.await,
         };
-        match verdict.and_then(|()| sql_gate::bind(params)) {
+        let named = match verdict {
+            Ok(named) => named,
+            Err(reason) => return self.refuse(reason).await,
+        };
+        self.usable(&named).await?;
+        match sql_gate::bind(params) {
             Ok(args) => Ok(args),
             Err(reason) => self.refuse(reason).await,
+        }
+    }
+
+    /// Refuses a statement naming a relation the consumer's role has no privilege on, before
+    /// the server locks it (see `pg::wall::grants`). Relations without a fresh answer are
+    /// looked up in one round trip on the delivery's own session, within the deadline.
+    async fn usable(&self, named: &[sql_gate::Relation]) -> Result<(), TxError> {
+        use pg::wall::grants;
+        if named.is_empty() {
+            return Ok(());
+        }
+        let ask = match self.wall.grants.to_ask(named) {
+            Ok(ask) if ask.is_empty() => return Ok(()),
+            Ok(ask) => ask,
+            Err(unusable) => return self.refuse(grants::refusal(&unusable)).await,
+        };
+        let schemas: Vec<Option<&str>> = ask.iter().map(|r| r.schema.as_deref()).collect();
+        let names: Vec<&str> = ask.iter().map(|r| r.name.as_str()).collect();
+        let unusable: Vec<i64> = {
+            let mut state = self.state.lock().await;
+            self.bounded(&mut state, async |tx: &mut Tx| {
+                sqlx::query_scalar(grants::UNUSABLE_SQL)
+                    .bind(&schemas)
+                    .bind(&names)
+                    .fetch_all(&mut **tx)
+                    .await
+            })
+            .await?
+        };
+        self.wall.grants.learn(&ask, &unusable);
+        match unusable
+            .first()
+            .and_then(|i| ask.get(usize::try_from(*i - 1).ok()?))
+        {
+            Some(relation) => self.refuse(grants::refusal(relation)).await,
+            None => Ok(()),
         }
     }
 

@@ -32,6 +32,8 @@ pub struct Wall {
     pub(crate) between_sql: String,
     /// Rolls a delivery back and resets the session.
     pub(crate) rollback_sql: String,
+    /// What the consumer's role may use of the relations its plugin named.
+    pub(crate) grants: std::sync::Arc<grants::RelationGrants>,
 }
 
 #[cfg_attr(not(feature = "test-support"), allow(dead_code))]
@@ -270,6 +272,7 @@ impl Wall {
             begin_group_sql,
             between_sql,
             rollback_sql,
+            grants: Default::default(),
         })
     }
 }
@@ -397,6 +400,7 @@ pub async fn role_pool(
     Ok(pool)
 }
 
+pub(crate) mod grants;
 mod provision;
 
 pub(crate) use provision::missing_tables;

@@ -18,7 +18,7 @@ pub(crate) const PARSER_STACK: usize = 64 << 20;
 /// first sight of a statement by at most one parse, not a queue of them.
 const PARSER_THREADS: usize = 2;
 
-type Verdict = Result<(), String>;
+use super::Verdict;
 
 /// Where a verdict goes: an async caller's oneshot, or a blocking caller's channel.
 #[cfg_attr(not(any(test, feature = "test-support")), allow(dead_code))]
