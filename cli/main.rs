@@ -18,6 +18,7 @@ pub use plugin::PluginCommand;
 
 mod ops;
 mod plugin;
+mod plugin_dev;
 mod plugin_new;
 mod plugin_test;
 use idemhost::{Host, RunOptions};
@@ -141,6 +142,12 @@ pub async fn execute(cli: Cli) -> anyhow::Result<u8> {
             // the terminal as the plugin wrote them.
             idemhost::telemetry::init_tracing_at(cli.log_format, "warn,idemhost::plugin=off");
             plugin_test::test(args).await
+        }
+        Command::Plugin {
+            command: PluginCommand::Dev(args),
+        } => {
+            idemhost::telemetry::init_tracing_at(cli.log_format, "warn,idemhost::plugin=off");
+            plugin_dev::dev(args).await
         }
         command => execute_command(Cli { command, ..cli }).await.map(|()| 0),
     }

@@ -63,6 +63,10 @@ pub enum PluginCommand {
         #[arg(default_value = ".")]
         dir: PathBuf,
     },
+    /// Watch a plugin project: build it on every change and run its sample messages through
+    /// it as `plugin test` does (rolled back), a few lines per sample; a build's output shows
+    /// only when it fails (the language's own error). Until Ctrl-C, or once with `--once`.
+    Dev(super::plugin_dev::DevArgs),
     /// Show each consumer's current plugin version and history.
     List {
         /// Only this consumer (with `--store nats`).
@@ -193,7 +197,9 @@ pub async fn execute(command: PluginCommand) -> anyhow::Result<()> {
                 }
             }
         }
-        PluginCommand::Test(_) => unreachable!("handled by cli::execute: it has an exit status"),
+        PluginCommand::Test(_) | PluginCommand::Dev(_) => {
+            unreachable!("handled by cli::execute: it has an exit status")
+        }
         PluginCommand::New { lang, name, dir } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
             print!("{}", super::plugin_new::new(lang, &name, &dir)?);

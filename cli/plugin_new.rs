@@ -120,7 +120,8 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<String> {
         "created {d} ({lang:?} plugin {name:?}, {} files)\n\
          build:  idemhost plugin build {d}        # runs: {}\n\
          tables: psql postgres://root@127.0.0.1:5432/test -f {d}/schema.sql\n\
-         test:   idemhost plugin test {d}/{OUTPUT} --config {d}/idemhost.toml --payload {d}/sample.json --event-type NoteAdded\n",
+         test:   idemhost plugin test {d}/{OUTPUT} --config {d}/idemhost.toml --payload {d}/sample.json --event-type NoteAdded\n\
+         loop:   idemhost plugin dev {d} --event-type NoteAdded   # builds and tests on every change\n",
         files.len(),
         build_command(lang),
     ))
@@ -204,6 +205,9 @@ fn readme(lang: Lang, name: &str, schema: &str) -> String {
          psql postgres://root@127.0.0.1:5432/test -f schema.sql   # the note table, schema {schema}\n\
          idemhost plugin test {OUTPUT} --config idemhost.toml --payload sample.json --event-type NoteAdded\n\
          ```\n\n\
+         `idemhost plugin dev . --event-type NoteAdded` does both on every change you save: it\n\
+         builds (showing the build's output only when it fails) and runs each `sample*.json`\n\
+         through the new component, a few lines per sample.\n\n\
          `plugin test` runs the message through the plugin as a delivery would and rolls back; it\n\
          prints each statement, the log lines, outbox events, the outcome and the timings. Deploy\n\
          with `idemhost plugin deploy --consumer {name} {OUTPUT} --config <the host's config>`.\n",
@@ -453,13 +457,56 @@ fn js_tools() -> anyhow::Result<PathBuf> {
 }
 
 /// Runs a build step; its output goes to the terminal, a failure names the program.
+/// Runs one step of a build. The toolchains get no `RUST_BACKTRACE`: componentize-py is a Rust
+/// program, and with it set (as a developer's shell often has) a Python syntax error came with
+/// 68 lines of Rust backtrace. While [`quietly`] runs, a step's output is kept and shown only
+/// when the step fails (its last [`SHOWN_LINES`] lines: the language's own error).
 fn run(command: &mut Command) -> anyhow::Result<()> {
     let program = command.get_program().to_string_lossy().into_owned();
-    let status = command
-        .status()
+    command
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    if !QUIET.get() {
+        let status = command
+            .status()
+            .with_context(|| format!("failed to run {program}"))?;
+        if !status.success() {
+            bail!("{program} failed ({status})");
+        }
+        return Ok(());
+    }
+    let output = command
+        .stdin(std::process::Stdio::null())
+        .output()
         .with_context(|| format!("failed to run {program}"))?;
-    if !status.success() {
-        bail!("{program} failed ({status})");
+    if !output.status.success() {
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let shown = &lines[lines.len().saturating_sub(SHOWN_LINES)..];
+        bail!(
+            "{program} failed ({}):\n{}",
+            output.status,
+            shown.join("\n")
+        );
     }
     Ok(())
+}
+
+/// The lines of a failed step's output [`run`] shows while [`quietly`] runs.
+const SHOWN_LINES: usize = 40;
+
+thread_local! {
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (a build, on this thread) with each step's output kept, shown only if it fails.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    QUIET.set(true);
+    let result = f();
+    QUIET.set(false);
+    result
 }

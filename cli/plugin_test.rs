@@ -80,12 +80,64 @@ pub const EXIT_RETRYABLE: u8 = 4;
 pub const EXIT_TERMINAL: u8 = 5;
 pub const EXIT_TRAP: u8 = 6;
 
+impl TestArgs {
+    /// A rolled-back run of `payload` through `file`, as `plugin dev` runs each sample.
+    pub fn sample(
+        file: PathBuf,
+        payload: &Path,
+        event_type: Option<String>,
+        config: Option<PathBuf>,
+        consumer: Option<String>,
+    ) -> TestArgs {
+        TestArgs {
+            file,
+            payload: payload.to_string_lossy().into_owned(),
+            id: None,
+            event_type,
+            headers: Vec::new(),
+            subject: None,
+            attempt: 1,
+            config,
+            consumer,
+            commit: false,
+            json: false,
+            no_migrate: false,
+            keep_setup: false,
+        }
+    }
+}
+
 /// Runs `plugin test`; the exit status by outcome.
 pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
-    let (config, consumer) = consumer_of(&args)?;
+    let json = args.json;
+    let (code, shown) = rehearse(&args, |report| {
+        if json {
+            serde_json::to_string_pretty(&report.json())
+                .map_or_else(|e| format!("{{\"error\": \"{e}\"}}\n"), |text| text + "\n")
+        } else {
+            report.text()
+        }
+    })
+    .await?;
+    print!("{shown}");
+    Ok(code)
+}
+
+/// `plugin dev`'s run of one sample: the exit status, and what happened in a few lines.
+pub async fn summary(args: &TestArgs) -> anyhow::Result<(u8, String)> {
+    rehearse(args, |report| report.summary()).await
+}
+
+/// Runs the message through the component as a delivery would; the exit status by outcome and
+/// the report as `show` writes it.
+async fn rehearse(
+    args: &TestArgs,
+    show: impl FnOnce(&Report) -> String,
+) -> anyhow::Result<(u8, String)> {
+    let (config, consumer) = consumer_of(args)?;
     let payload = read_payload(&args.payload)?;
     let handler = load(&config, &consumer, &args.file)?;
-    let msg = message(&args, &consumer, payload);
+    let msg = message(args, &consumer, payload);
 
     let mut undone = Vec::new();
     let mut kept = Vec::new();
@@ -121,12 +173,7 @@ pub async fn test(args: TestArgs) -> anyhow::Result<u8> {
         undone,
         kept,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report.json())?);
-    } else {
-        print!("{}", report.text());
-    }
-    Ok(report.exit_code())
+    Ok((report.exit_code(), show(&report)))
 }
 
 /// The configuration and the consumer to run as.
@@ -462,6 +509,69 @@ impl Report<'_> {
                 p.tx_attempts,
                 plural(p.tx_attempts as usize)
             );
+        }
+        out
+    }
+
+    /// The outcome and what led to it, in a few lines: the statements, log lines and events
+    /// counted, the first failed statement, up to three log lines, the timings.
+    fn summary(&self) -> String {
+        use std::fmt::Write as _;
+        let t = &self.traced;
+        let (outcome, reason) = self.outcome();
+        let failed = t
+            .statements
+            .iter()
+            .filter(|s| matches!(s.result, StatementResult::Error(_)))
+            .count();
+        let mut out = format!(
+            "{outcome}: {} statement{}{}, {} log line{}, {} event{}",
+            t.statements.len(),
+            plural(t.statements.len()),
+            if failed > 0 {
+                format!(" ({failed} failed)")
+            } else {
+                String::new()
+            },
+            t.logs.len(),
+            plural(t.logs.len()),
+            t.published.len(),
+            plural(t.published.len()),
+        );
+        if let Ran::Delivered(p) = self.ran {
+            let _ = write!(
+                out,
+                "; handle {}, transaction {}",
+                t.handle.map_or("-".to_string(), ms),
+                ms(p.tx_time)
+            );
+        }
+        out.push('\n');
+        if let Some(r) = reason {
+            let _ = writeln!(out, "  reason: {}", one_line(&r, 400));
+        }
+        let first_error = t
+            .statements
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| match &s.result {
+                StatementResult::Error(e) => Some((i, s, e)),
+                _ => None,
+            });
+        if let Some((i, s, e)) = first_error {
+            let _ = writeln!(out, "  statement {}: {}", i + 1, one_line(&s.sql, 200));
+            let _ = writeln!(out, "    ERROR {}", one_line(e, 300));
+        }
+        for (level, line) in t.logs.iter().take(3) {
+            let _ = writeln!(
+                out,
+                "  log {:<5} {}",
+                one_line(level, 16),
+                one_line(line, 200)
+            );
+        }
+        if t.logs.len() > 3 {
+            let _ = writeln!(out, "  log … {} more", t.logs.len() - 3);
         }
         out
     }
