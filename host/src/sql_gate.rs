@@ -121,6 +121,8 @@ pub(crate) const MAX_ROWS: usize = 10_000;
 pub(crate) const MAX_RESULT_BYTES: usize = 16 << 20;
 /// Longest SQL text a plugin may send.
 pub(crate) const MAX_SQL_BYTES: usize = 64 << 10;
+/// Most relation references (tables, views, CTEs, each time named) in one statement.
+const MAX_RELATION_REFERENCES: usize = 100;
 /// Deepest parse tree walked (a deeper one is refused, not recursed into).
 const MAX_DEPTH: usize = 400;
 
@@ -266,6 +268,14 @@ fn judge(sql: &str) -> Verdict {
     }
     let mut named = Vec::new();
     walk(&tree, 0, &mut named)?;
+    // Each relation named is opened, a view expanded into its definition, while the server
+    // analyses the statement: a catalog view referenced 200 times took 2 GB of planning.
+    if named.len() > MAX_RELATION_REFERENCES {
+        return Err(format!(
+            "statement refused: it names relations {} times; at most {MAX_RELATION_REFERENCES}",
+            named.len()
+        ));
+    }
     check_expansions(&tree, 0, &mut 0)?;
     let expanded = expanded_size(&tree, 0);
     if expanded > MAX_EXPANDED_NODES {
@@ -309,6 +319,9 @@ fn walk(value: &serde_json::Value, depth: usize, named: &mut Vec<Relation>) -> R
             if fields.get("funcname").is_some_and(Value::is_array) {
                 check_function(value)?;
             }
+            if let Some(expr) = fields.get("AExpr") {
+                check_array_operands(expr)?;
+            }
             // An identifier node: a function is also called as `(expr).f` or `t.f` (functional
             // notation), where its name is an indirection or a column reference, not a
             // `funcname`. Every identifier is held to the function rules; literals are `Sval`
@@ -323,6 +336,66 @@ fn walk(value: &serde_json::Value, depth: usize, named: &mut Vec<Relation>) -> R
             fields.values().try_for_each(|v| walk(v, depth + 1, named))
         }
         _ => Ok(()),
+    }
+}
+
+/// Refuses `op ANY (array)`, `op ALL (array)` and the array containment operators (`@>`, `<@`,
+/// `&&`) over an array the planner would fold from a function call or a cast of one
+/// (`array_fill(0::oid, ARRAY[4000000])`, `string_to_array(repeat(...), ',')`): it estimates
+/// the selectivity of every element while planning, without checking for cancellation (75
+/// bytes ran 34 s and took 1.1 GB past a 1 s statement timeout). A constant, a parameter, an
+/// `ARRAY[...]` (bounded by the statement's tokens), a column or a subquery may be compared.
+fn check_array_operands(expr: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
+    let kind = expr.get("kind").and_then(Value::as_i64).unwrap_or(0);
+    let operator = expr
+        .get("name")
+        .and_then(Value::as_array)
+        .and_then(|n| n.last())
+        .map(string_node)
+        .unwrap_or_default();
+    let sides: &[&str] = match kind {
+        // AEXPR_OP_ANY, AEXPR_OP_ALL: the array is on the right.
+        2 | 3 => &["rexpr"],
+        1 if matches!(operator.as_str(), "@>" | "<@" | "&&") => &["lexpr", "rexpr"],
+        _ => return Ok(()),
+    };
+    for side in sides {
+        if let Some(operand) = expr.get(*side)
+            && !plain_operand(operand, 0)
+        {
+            return Err(
+                "statement refused: an array built by a function call in `ANY`, `ALL`, `@>`, \
+                 `<@` or `&&` is estimated element by element while the server plans, \
+                 uninterruptibly; pass the array as a parameter (`= ANY($1::bigint[])`)"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A constant, a parameter, an `ARRAY[...]` of such, a column, a subquery, or a cast of one.
+fn plain_operand(node: &serde_json::Value, depth: usize) -> bool {
+    let Some(inner) = node.get("node").and_then(serde_json::Value::as_object) else {
+        return false;
+    };
+    if depth > 8 {
+        return false;
+    }
+    let Some((kind, value)) = inner.iter().next() else {
+        return false;
+    };
+    match kind.as_str() {
+        "AConst" | "ParamRef" | "ColumnRef" | "SubLink" => true,
+        "TypeCast" => value
+            .get("arg")
+            .is_some_and(|arg| plain_operand(arg, depth + 1)),
+        "AArrayExpr" => value
+            .get("elements")
+            .and_then(serde_json::Value::as_array)
+            .is_none_or(|items| items.iter().all(|i| plain_operand(i, depth + 1))),
+        _ => false,
     }
 }
 
@@ -342,6 +415,17 @@ fn check_relation(range_var: &serde_json::Value) -> Result<Relation, String> {
         return Err(format!(
             "statement refused: `{name}` is reserved to the host"
         ));
+    }
+    if range_var
+        .get("schemaname")
+        .and_then(serde_json::Value::as_str)
+        == Some("information_schema")
+    {
+        return Err(
+            "statement refused: information_schema's views expand into plans of megabytes per \
+             reference (element_types: 10 MB); read pg_catalog instead"
+                .into(),
+        );
     }
     let schema = range_var
         .get("schemaname")
@@ -827,6 +911,54 @@ mod tests {
                 q
             },
         ];
+        // Found by a review of the above: a column list on a CTE's reference, a join's alias
+        // with a column list or referenced as a whole row, an alias shadowing a column name
+        // defined elsewhere (`q`), a function called on a row (`x.text`).
+        let base = "c0 AS (SELECT current_user::text AS s), q AS (SELECT 1 AS q)";
+        let chain = |n: usize, level: &dyn Fn(usize) -> String| {
+            let mut list = vec![base.to_string()];
+            list.extend((1..=n).map(|i| format!("c{i} AS ({})", level(i - 1))));
+            format!("WITH {} SELECT length(s) FROM c{n}", list.join(", "))
+        };
+        let reviewed: [&dyn Fn(usize) -> String; 6] = [
+            &|n| chain(n, &|p| format!("SELECT t || t AS s FROM c{p} AS x (t)")),
+            &|n| {
+                chain(n, &|p| {
+                    format!(
+                        "SELECT j.t || j.t AS s FROM (c{p} CROSS JOIN (SELECT 1 AS u) b) \
+                         AS j (t, u)"
+                    )
+                })
+            },
+            &|n| {
+                chain(n, &|p| {
+                    format!(
+                        "SELECT concat(j, j) AS s FROM (c{p} CROSS JOIN (SELECT 1 AS u) b) AS j"
+                    )
+                })
+            },
+            &|n| chain(n, &|p| format!("SELECT concat(q, q) AS s FROM c{p} AS q")),
+            &|n| {
+                chain(n, &|p| {
+                    format!("SELECT x.text || x.text AS s FROM c{p} AS x")
+                })
+            },
+            &|n| {
+                chain(n, &|p| {
+                    format!("SELECT k.s || k.s AS s FROM (c{p} JOIN q ON true) AS k")
+                })
+            },
+        ];
+        for (k, shape) in reviewed.iter().enumerate() {
+            for n in [14, 18, 20, 24] {
+                assert!(
+                    check(&shape(n)).is_err(),
+                    "reviewed shape {k}, {n} deep: {}",
+                    shape(n)
+                );
+            }
+            assert_eq!(check(&shape(3)), Ok(()), "reviewed shape {k}, 3 deep");
+        }
         for (k, shape) in renamed.iter().enumerate() {
             for carrier in carriers {
                 let sql = |n| carrier.replace("{q}", &shape(n));
@@ -870,6 +1002,77 @@ mod tests {
         for sql in [pipeline, values, wide] {
             assert_eq!(check(&sql), Ok(()), "{sql}");
         }
+    }
+
+    /// Grouping sets multiply: `CUBE` of n items is 2^n sets, each compared with the others
+    /// while the server analyses the statement (CUBE of 12 beside a set of 1,600 expressions:
+    /// 3.3 s past a 1 s timeout; of 200 columns: 485 MB).
+    #[test]
+    fn grouping_sets_past_the_bound_are_refused() {
+        let cols = |n: usize, p: &str| (1..=n).map(|i| format!("{p}{i}")).collect::<Vec<_>>();
+        let from = "FROM t";
+        for (k, n) in [(200, 12), (1600, 12), (40, 11), (3000, 8)] {
+            let sql = format!(
+                "SELECT count(*) {from} GROUP BY GROUPING SETS (({})), CUBE({})",
+                cols(k, "b").join(", "),
+                cols(n, "a").join(", ")
+            );
+            assert!(check(&sql).is_err(), "{k} x CUBE({n})");
+        }
+        for sql in [
+            format!(
+                "SELECT count(*) {from} GROUP BY CUBE({})",
+                cols(12, "a").join(", ")
+            ),
+            format!(
+                "SELECT count(*) {from} GROUP BY ROLLUP({})",
+                cols(30, "a").join(", ")
+            ),
+            format!("SELECT a, b, count(*) {from} GROUP BY GROUPING SETS ((a, b), (a), ())"),
+            format!(
+                "SELECT count(*) {from} GROUP BY {}",
+                cols(500, "a").join(", ")
+            ),
+        ] {
+            assert_eq!(check(&sql), Ok(()), "{sql}");
+        }
+    }
+
+    /// An array the planner folds from a function call is estimated element by element while
+    /// it plans, uninterruptibly (`oid < ANY(array_fill(0::oid, ARRAY[4000000]))`: 34 s past a
+    /// 1 s timeout); a parameter, a constant, `ARRAY[...]`, a column or a subquery may be
+    /// compared. Views are expanded per reference (information_schema's by megabytes); a
+    /// statement may name relations at most 100 times.
+    #[test]
+    fn arrays_folded_from_functions_and_heavy_views_are_refused() {
+        for sql in [
+            "SELECT 1 FROM pg_class WHERE oid < ANY(array_fill(0::oid, ARRAY[4000000]))",
+            "SELECT 1 FROM pg_class WHERE relname < ANY(string_to_array(repeat('a,', 4000000), ','))",
+            "SELECT 1 FROM t WHERE v = ALL((repeat('1,', 9) || '1')::int[])",
+            "SELECT 1 FROM t WHERE v <> ALL(regexp_split_to_array(repeat('x', 100), ''))",
+            "SELECT 1 FROM t WHERE tags @> array_fill('x'::text, ARRAY[1000000])",
+            "SELECT 1 FROM t WHERE array_fill('x'::text, ARRAY[1000000]) && tags",
+            "SELECT 1 FROM t WHERE v = ANY(ARRAY[1, f(2)])",
+            "SELECT * FROM information_schema.element_types",
+        ] {
+            assert!(check(sql).is_err(), "{sql}");
+        }
+        let many = vec!["(SELECT 1 FROM pg_class LIMIT 1)"; 101].join(", ");
+        assert!(check(&format!("SELECT {many}")).is_err());
+        for sql in [
+            "SELECT 1 FROM t WHERE id = ANY($1::bigint[])",
+            "SELECT 1 FROM t WHERE id = ANY($1)",
+            "SELECT 1 FROM t WHERE id = ANY('{1,2,3}'::int[])",
+            "SELECT 1 FROM t WHERE id = ANY(ARRAY[1, 2, $1::int])",
+            "SELECT 1 FROM t WHERE id <> ALL(u.ids)",
+            "SELECT 1 FROM t WHERE id = ANY(ARRAY(SELECT x FROM u))",
+            "SELECT 1 FROM t WHERE id IN (1, 2, 3)",
+            "SELECT 1 FROM t WHERE tags @> $1::text[] AND tags && ARRAY['a']",
+        ] {
+            assert_eq!(check(sql), Ok(()), "{sql}");
+        }
+        let fine = vec!["(SELECT 1 FROM pg_class LIMIT 1)"; 100].join(", ");
+        assert_eq!(check(&format!("SELECT {fine}")), Ok(()));
     }
 
     #[test]

@@ -209,7 +209,8 @@ impl TxHandle {
             Ok(result) => self.still_open(state, result),
             Err(_) => {
                 let reason = "the attempt's deadline passed while the plugin waited on the \
-                              database; its statement was stopped on the server"
+                              database; its session on the server was told to end (a statement the server is still \
+                              planning ends when the server next checks)"
                     .to_string();
                 if state.poison.is_none() {
                     state.poison = Some(Poison {

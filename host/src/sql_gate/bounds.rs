@@ -30,113 +30,161 @@ pub(super) const MAX_TOKEN_DEPTH: usize = 1000;
 ///   replacing every reference to its columns by the expression itself. A chain of 26 CTEs each
 ///   selecting `s || s` from the one before (1.3 KB of text) made one server process allocate
 ///   22 GB while planning, past its statement timeout, until the kernel's OOM killer ended it
-///   and the whole server restarted every session. A column reference counts as the largest
-///   output of that name in its scope (the query's own subqueries and the CTEs it sees, and
-///   every enclosing query's), or of any name where PostgreSQL names the output itself; a `*`
-///   as all of them.
+///   and the whole server restarted every session. References are resolved against the FROM
+///   items in scope (this query's and every enclosing one's) as PostgreSQL resolves them, and
+///   where the gate cannot tell, counted as the largest they could be: a column as the largest
+///   output of that name (or of any name PostgreSQL names itself), a whole-row reference or a
+///   function called on a row (`t`, `row_to_json(t)`, `t.text`) as all of that item's outputs,
+///   a join's alias as both sides', a `*` as everything in scope;
+/// * the grouping sets `CUBE`, `ROLLUP` and `GROUPING SETS` expand to (their number times their
+///   width: PostgreSQL builds and compares every set while analysing, uninterruptibly, 3.3 s
+///   past a 1 s timeout for `CUBE` of 12 beside a set of 1,600).
 ///
 /// Depth is bounded by the walk before it.
 pub(super) fn expanded_size(value: &serde_json::Value, depth: usize) -> u64 {
     size(value, &Scope::default(), Walk::Whole, depth)
 }
 
-/// What the columns in a query's scope stand for, once its subqueries are pulled up.
+/// A FROM item in scope: the name a qualified or whole-row reference uses for it, and what its
+/// outputs stand for.
 #[derive(Clone, Default)]
-struct Scope {
-    /// Outputs of the subqueries and CTEs in scope, by name.
-    named: Vec<(String, u64)>,
+struct Source {
+    alias: Option<String>,
+    /// Outputs by name (alias column lists applied).
+    columns: Vec<(String, u64)>,
     /// The largest output whose name the gate does not know (PostgreSQL names an expression
     /// itself; a `*` brings names of its own): a reference of any name may be it.
     unnamed: u64,
-    /// All outputs together: what a `*` stands for.
+    /// All outputs together: a whole-row reference.
     all: u64,
-    /// The FROM items that are subqueries or CTEs, by the name a whole-row reference uses
-    /// (`SELECT t`, `row_to_json(t)`, `t.f`): all their outputs.
-    rows: Vec<(String, u64)>,
-    /// The CTEs in scope, by name: all their outputs.
-    ctes: Vec<(String, u64)>,
+}
+
+impl Source {
+    /// A reference to its column `name`, if it may have one.
+    fn column(&self, name: &str) -> Option<u64> {
+        let named = self
+            .columns
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, s)| *s)
+            .max();
+        match named {
+            Some(s) => Some(s.max(self.unnamed)),
+            None if self.unnamed > 0 => Some(self.unnamed),
+            None => None,
+        }
+    }
+
+    fn widest(&self) -> u64 {
+        self.columns
+            .iter()
+            .fold(self.unnamed, |m, (_, s)| m.max(*s))
+    }
+}
+
+/// What the references of a query may stand for: the FROM items in scope, and the CTEs a FROM
+/// item may name.
+#[derive(Clone, Default)]
+struct Scope {
+    sources: Vec<Source>,
+    ctes: Vec<(String, Outputs)>,
 }
 
 impl Scope {
-    /// What a column reference stands for (its fields: `[table.]column`, or a whole row).
+    /// What a column reference with these fields stands for (`[relation.]column`, or a row).
     fn column(&self, fields: &[&str]) -> u64 {
-        let Some(last) = fields.last() else {
-            return self.star();
+        let found = match fields {
+            [] => self.star(),
+            // A column of any item in scope, or the whole row of an item of that name.
+            [name] => self.sources.iter().fold(0, |m, s| {
+                let row = if s.alias.as_deref() == Some(*name) {
+                    s.all
+                } else {
+                    0
+                };
+                m.max(s.column(name).unwrap_or(0)).max(row)
+            }),
+            [.., qualifier, name] => {
+                let named: Vec<&Source> = self
+                    .sources
+                    .iter()
+                    .filter(|s| s.alias.as_deref() == Some(*qualifier))
+                    .collect();
+                if named.is_empty() {
+                    // A base relation's column, or a schema-qualified one: as unqualified.
+                    self.sources
+                        .iter()
+                        .fold(0, |m, s| m.max(s.column(name).unwrap_or(0)))
+                } else {
+                    // Not a column of it: a function called on its row (`t.text`).
+                    named
+                        .iter()
+                        .fold(0, |m, s| m.max(s.column(name).unwrap_or(s.all)))
+                }
+            }
         };
-        let named = self
-            .named
-            .iter()
-            .filter(|(n, _)| n == last)
-            .fold(0, |m, (_, s)| m.max(*s));
-        // Not a column of a subquery: a whole row, or a function called on one (`t.f`).
-        let rows = if named == 0 {
-            self.rows
-                .iter()
-                .filter(|(n, _)| fields.contains(&n.as_str()))
-                .fold(0, |m, (_, s)| m.max(*s))
-        } else {
-            0
-        };
-        named.max(rows).max(self.unnamed).max(1)
+        found.max(1)
     }
 
+    /// What a `*` stands for: everything in scope.
     fn star(&self) -> u64 {
-        self.all.max(1)
-    }
-
-    /// The scope once a subquery or CTE with these outputs is in it.
-    fn add(&mut self, outputs: &Outputs) {
-        self.named.extend(outputs.named.iter().cloned());
-        self.unnamed = self.unnamed.max(outputs.unnamed);
-        self.all = self.all.saturating_add(outputs.all);
+        self.sources
+            .iter()
+            .fold(0u64, |n, s| n.saturating_add(s.all))
+            .max(1)
     }
 }
 
-/// A query's size and what its outputs stand for.
+/// A query's size and its outputs in order (`None`: a name PostgreSQL gives), with what a `*`
+/// among them brought in.
 #[derive(Clone, Default)]
 struct Outputs {
     total: u64,
-    /// The outputs in order, by name (`None`: named by PostgreSQL).
     columns: Vec<(Option<String>, u64)>,
-    /// Outputs a `*` brought in, of names and positions not known here.
-    starred: Option<Scope>,
-    named: Vec<(String, u64)>,
-    unnamed: u64,
-    all: u64,
+    starred: Option<Source>,
 }
 
 impl Outputs {
-    /// Settles `named`, `unnamed` and `all` from the columns (renamed by an alias list).
-    fn settle(mut self, renames: &[String]) -> Outputs {
-        let widest = self.columns.iter().fold(0u64, |m, (_, s)| m.max(*s));
-        let starred_widest = self.starred.as_ref().map_or(0, |s| {
-            s.named.iter().fold(s.unnamed, |m, (_, size)| m.max(*size))
-        });
-        if self.starred.is_some() {
-            // Positions are not known: every new name may be any output.
-            let any = widest.max(starred_widest);
-            self.named = renames.iter().map(|n| (n.clone(), any)).collect();
-        } else {
-            self.named = Vec::new();
-            for (i, (name, size)) in self.columns.iter().enumerate() {
-                match renames.get(i).cloned().or_else(|| name.clone()) {
-                    Some(n) => self.named.push((n, *size)),
-                    None => self.unnamed = self.unnamed.max(*size),
-                }
-            }
-        }
-        if let Some(starred) = &self.starred {
-            if renames.is_empty() {
-                self.named.extend(starred.named.iter().cloned());
-            }
-            self.unnamed = self.unnamed.max(starred.unnamed);
-        }
-        self.all = self
+    /// The outputs as a FROM item named `alias`, renamed by an alias column list.
+    fn source(&self, alias: Option<String>, renames: &[String]) -> Source {
+        let mut source = Source {
+            alias,
+            ..Source::default()
+        };
+        let own: u64 = self
             .columns
             .iter()
-            .fold(0u64, |n, (_, s)| n.saturating_add(*s))
-            .saturating_add(self.starred.as_ref().map_or(0, |s| s.all));
-        self
+            .fold(0u64, |n, (_, s)| n.saturating_add(*s));
+        if let Some(starred) = &self.starred {
+            // Positions are not known: every new name may be any output.
+            let any = self
+                .columns
+                .iter()
+                .fold(starred.widest(), |m, (_, s)| m.max(*s));
+            if renames.is_empty() {
+                source.columns.extend(starred.columns.iter().cloned());
+                for (name, size) in &self.columns {
+                    match name {
+                        Some(n) => source.columns.push((n.clone(), *size)),
+                        None => source.unnamed = source.unnamed.max(*size),
+                    }
+                }
+                source.unnamed = source.unnamed.max(starred.unnamed);
+            } else {
+                source.columns = renames.iter().map(|n| (n.clone(), any)).collect();
+                source.unnamed = any;
+            }
+            source.all = own.saturating_add(starred.all);
+            return source;
+        }
+        for (i, (name, size)) in self.columns.iter().enumerate() {
+            match renames.get(i).cloned().or_else(|| name.clone()) {
+                Some(n) => source.columns.push((n, *size)),
+                None => source.unnamed = source.unnamed.max(*size),
+            }
+        }
+        source.all = own;
+        source
     }
 }
 
@@ -222,9 +270,9 @@ fn is_query(fields: &serde_json::Map<String, serde_json::Value>) -> bool {
     fields.contains_key("with_clause")
 }
 
-/// A query's size and outputs, its CTEs and FROM subqueries sized first: each sees the scope
-/// before it (a later CTE references an earlier one; a LATERAL subquery an earlier FROM
-/// item), and the rest of the query sees them all.
+/// A query's size and outputs. Its CTEs come first (each sees the ones before it), then its
+/// FROM items in order (a LATERAL one sees the ones before it); the rest of the query sees
+/// them all.
 fn query(
     fields: &serde_json::Map<String, serde_json::Value>,
     outer: &Scope,
@@ -249,11 +297,21 @@ fn query(
             continue;
         };
         if let Some(q) = cte.get("ctequery") {
-            let outputs = subquery(q, &scope, &names(cte.get("aliascolnames")), depth + 1);
+            let mut outputs = subquery(q, &scope, depth + 1);
             out.total = out.total.saturating_add(outputs.total);
-            scope.add(&outputs);
+            let renames = names(cte.get("aliascolnames"));
+            if !renames.is_empty() {
+                let renamed = outputs.source(None, &renames);
+                outputs.columns = renamed
+                    .columns
+                    .into_iter()
+                    .map(|(n, s)| (Some(n), s))
+                    .collect();
+                outputs.columns.push((None, renamed.unnamed));
+                outputs.starred = None;
+            }
             if let Some(name) = cte.get("ctename").and_then(Value::as_str) {
-                scope.ctes.push((name.to_string(), outputs.all));
+                scope.ctes.push((name.to_string(), outputs));
             }
         }
     }
@@ -267,53 +325,25 @@ fn query(
         for (i, (_, s)) in columns.iter_mut().enumerate() {
             *s = (*s).max(r.columns.get(i).map_or(0, |c| c.1));
         }
+        let starred = match (l.starred, r.starred) {
+            (None, None) => None,
+            (a, b) => {
+                let (mut a, b) = (a.unwrap_or_default(), b.unwrap_or_default());
+                a.columns.extend(b.columns);
+                a.unnamed = a.unnamed.max(b.unnamed);
+                a.all = a.all.max(b.all);
+                Some(a)
+            }
+        };
         return Outputs {
             total: out.total.saturating_add(l.total).saturating_add(r.total),
             columns,
-            starred: match (l.starred, r.starred) {
-                (None, None) => None,
-                (a, b) => {
-                    let (mut a, b) = (a.unwrap_or_default(), b.unwrap_or_default());
-                    a.named.extend(b.named);
-                    a.unnamed = a.unnamed.max(b.unnamed);
-                    a.all = a.all.max(b.all);
-                    Some(a)
-                }
-            },
-            ..Outputs::default()
-        }
-        .settle(&[]);
+            starred,
+        };
     }
     for key in ["from_clause", "using_clause", "source_relation"] {
         if let Some(from) = fields.get(key) {
-            let mut found = Vec::new();
-            from_items(from, depth + 1, &mut found);
-            for item in found {
-                match item {
-                    FromItem::Subquery {
-                        query: q,
-                        alias,
-                        renames,
-                    } => {
-                        let outputs = subquery(q, &scope, &renames, depth + 1);
-                        out.total = out.total.saturating_add(outputs.total);
-                        scope.add(&outputs);
-                        if let Some(alias) = alias {
-                            scope.rows.push((alias, outputs.all));
-                        }
-                    }
-                    FromItem::Relation { name, alias } => {
-                        let cte = scope
-                            .ctes
-                            .iter()
-                            .filter(|(n, _)| *n == name)
-                            .fold(0, |m, (_, s)| m.max(*s));
-                        if cte > 0 {
-                            scope.rows.push((alias.unwrap_or(name), cte));
-                        }
-                    }
-                }
-            }
+            from_items(from, &mut scope, &mut out.total, depth + 1);
         }
     }
     for (key, value) in fields {
@@ -322,6 +352,8 @@ fn query(
             "from_clause" | "using_clause" | "source_relation" => {
                 size(value, &scope, Walk::SkipSubqueries, depth + 1)
             }
+            "group_clause" => size(value, &scope, Walk::Whole, depth + 1)
+                .saturating_add(grouping_sets(value, depth + 1)),
             "target_list" => {
                 let items = value.as_array().map_or(&[][..], Vec::as_slice);
                 items.iter().fold(0u64, |n, item| {
@@ -338,10 +370,12 @@ fn query(
                             Some(name) => out.columns.push((Some(name.to_string()), s)),
                             // `*`, `t.*`: every column in scope, of names not known here.
                             None => {
-                                let starred = out.starred.get_or_insert_with(Scope::default);
-                                starred.named.extend(scope.named.iter().cloned());
-                                starred.unnamed = starred.unnamed.max(scope.unnamed);
-                                starred.all = starred.all.saturating_add(scope.all);
+                                let starred = out.starred.get_or_insert_with(Source::default);
+                                for source in &scope.sources {
+                                    starred.columns.extend(source.columns.iter().cloned());
+                                    starred.unnamed = starred.unnamed.max(source.unnamed);
+                                    starred.all = starred.all.saturating_add(source.all);
+                                }
                             }
                         },
                         (None, None) => out.columns.push((None, s)),
@@ -370,7 +404,7 @@ fn query(
         };
         out.total = out.total.saturating_add(part);
     }
-    out.settle(&[])
+    out
 }
 
 /// The names of an alias list (`AS t (a, b)`, `c (a, b) AS (...)`).
@@ -389,97 +423,181 @@ fn names(list: Option<&serde_json::Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A subquery node (`{"SelectStmt": ...}`, or any statement a CTE may hold) sized as a query,
-/// its outputs renamed by an alias list.
-fn subquery(node: &serde_json::Value, scope: &Scope, renames: &[String], depth: usize) -> Outputs {
+/// A subquery node (`{"SelectStmt": ...}`, or any statement a CTE may hold) sized as a query.
+fn subquery(node: &serde_json::Value, scope: &Scope, depth: usize) -> Outputs {
     let inner = node
         .get("node")
         .and_then(serde_json::Value::as_object)
         .and_then(|n| n.values().next())
         .and_then(serde_json::Value::as_object);
     match inner {
-        Some(fields) if is_query(fields) => {
-            let outputs = query(fields, scope, depth);
-            if renames.is_empty() {
-                outputs
-            } else {
-                outputs.settle(renames)
-            }
-        }
+        Some(fields) if is_query(fields) => query(fields, scope, depth),
         _ => {
             let total = size(node, scope, Walk::Whole, depth);
             Outputs {
                 total,
-                unnamed: total,
-                all: total,
-                ..Outputs::default()
+                columns: vec![(None, total)],
+                starred: None,
             }
         }
     }
 }
 
-/// A subquery of a FROM list, or a relation it names (perhaps a CTE).
-enum FromItem<'a> {
-    Subquery {
-        query: &'a serde_json::Value,
-        alias: Option<String>,
-        renames: Vec<String>,
-    },
-    Relation {
-        name: String,
-        alias: Option<String>,
-    },
-}
-
-/// The subqueries of a FROM list (with their alias lists) and the relations it names without a
-/// schema, in order, through joins; not into the subqueries.
-fn from_items<'a>(value: &'a serde_json::Value, depth: usize, found: &mut Vec<FromItem<'a>>) {
+/// Brings the FROM items of `value` into `scope`, in order, through joins; sizes their
+/// subqueries into `total`. Returns the item `value` stands for, to a join above it.
+fn from_items(
+    value: &serde_json::Value,
+    scope: &mut Scope,
+    total: &mut u64,
+    depth: usize,
+) -> Option<Source> {
     use serde_json::Value;
     if depth > MAX_DEPTH {
-        return;
+        *total = u64::MAX;
+        return None;
     }
-    let alias_of = |v: &serde_json::Value| {
+    let alias_of = |v: &Value| {
         v.pointer("/alias/aliasname")
             .and_then(Value::as_str)
             .filter(|a| !a.is_empty())
             .map(str::to_string)
     };
+    let renames_of = |v: &Value| names(v.pointer("/alias/colnames"));
     match value {
-        Value::Array(items) => items.iter().for_each(|v| from_items(v, depth + 1, found)),
-        Value::Object(fields) => {
-            if let Some(sub) = fields.get("RangeSubselect") {
-                if let Some(q) = sub.get("subquery") {
-                    found.push(FromItem::Subquery {
-                        query: q,
-                        alias: alias_of(sub),
-                        renames: names(sub.pointer("/alias/colnames")),
-                    });
-                }
-                return;
+        Value::Array(items) => {
+            for item in items {
+                from_items(item, scope, total, depth + 1);
             }
-            if let Some(rel) = fields.get("RangeVar") {
+            None
+        }
+        Value::Object(fields) => {
+            if let Some(node) = fields.get("node") {
+                return from_items(node, scope, total, depth + 1);
+            }
+            let source = if let Some(sub) = fields.get("RangeSubselect") {
+                let outputs = sub
+                    .get("subquery")
+                    .map(|q| subquery(q, scope, depth + 1))
+                    .unwrap_or_default();
+                *total = total.saturating_add(outputs.total);
+                outputs.source(alias_of(sub), &renames_of(sub))
+            } else if let Some(rel) = fields.get("RangeVar") {
+                let name = rel.get("relname").and_then(Value::as_str).unwrap_or("");
                 let unqualified = rel
                     .get("schemaname")
                     .and_then(Value::as_str)
                     .is_none_or(str::is_empty);
-                if let (true, Some(name)) =
-                    (unqualified, rel.get("relname").and_then(Value::as_str))
-                {
-                    found.push(FromItem::Relation {
-                        name: name.to_string(),
-                        alias: alias_of(rel),
-                    });
+                let alias = alias_of(rel).or_else(|| Some(name.to_string()));
+                let cte = scope
+                    .ctes
+                    .iter()
+                    .rev()
+                    .find(|(n, _)| unqualified && n == name)
+                    .map(|(_, o)| o.clone());
+                match cte {
+                    Some(outputs) => outputs.source(alias, &renames_of(rel)),
+                    None => Source {
+                        alias,
+                        columns: renames_of(rel).into_iter().map(|n| (n, 1)).collect(),
+                        ..Source::default()
+                    },
                 }
-                return;
-            }
-            if is_query(fields) {
-                return;
-            }
-            fields
-                .values()
-                .for_each(|v| from_items(v, depth + 1, found));
+            } else if let Some(join) = fields.get("JoinExpr") {
+                let left = join
+                    .get("larg")
+                    .and_then(|l| from_items(l, scope, total, depth + 1))
+                    .unwrap_or_default();
+                let right = join
+                    .get("rarg")
+                    .and_then(|r| from_items(r, scope, total, depth + 1))
+                    .unwrap_or_default();
+                // Both sides, under the join's alias when it has one (a reference to the join
+                // by that alias, or to a column it renames, stands for either side's).
+                let both = Outputs {
+                    total: 0,
+                    columns: Vec::new(),
+                    starred: Some(Source {
+                        alias: None,
+                        columns: left.columns.iter().chain(&right.columns).cloned().collect(),
+                        unnamed: left.unnamed.max(right.unnamed),
+                        all: left.all.saturating_add(right.all),
+                    }),
+                };
+                let source = both.source(alias_of(join), &renames_of(join));
+                if source.alias.is_none() {
+                    // Its sides are in scope already.
+                    return Some(source);
+                }
+                source
+            } else {
+                // A function, a table sample, XMLTABLE: not pulled up; its columns are its own.
+                let item = fields.values().next().unwrap_or(&Value::Null);
+                Source {
+                    alias: alias_of(item),
+                    columns: renames_of(item).into_iter().map(|n| (n, 1)).collect(),
+                    ..Source::default()
+                }
+            };
+            scope.sources.push(source.clone());
+            Some(source)
         }
-        _ => {}
+        _ => None,
+    }
+}
+
+/// How many grouping sets a GROUP BY clause expands to, times their width: `CUBE` of n items
+/// is 2^n sets, `ROLLUP` n + 1, `GROUPING SETS` the sum of its members', and the items of the
+/// clause multiply (PostgreSQL takes every combination).
+fn grouping_sets(clause: &serde_json::Value, depth: usize) -> u64 {
+    let items = clause.as_array().map_or(&[][..], Vec::as_slice);
+    let (sets, width) = items.iter().fold((1u64, 0u64), |(sets, width), item| {
+        let (s, w) = grouping_set(item, depth + 1);
+        (sets.saturating_mul(s), width.saturating_add(w))
+    });
+    if sets <= 1 {
+        return 0;
+    }
+    sets.saturating_mul(width.max(1))
+}
+
+/// One item of a GROUP BY clause: its sets and its width.
+fn grouping_set(item: &serde_json::Value, depth: usize) -> (u64, u64) {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return (u64::MAX, u64::MAX);
+    }
+    let Some(set) = item.pointer("/node/GroupingSet") else {
+        // `(a, b)` in a grouping set is one set of both (a row, as parsed).
+        let row = item
+            .pointer("/node/RowExpr/args")
+            .and_then(Value::as_array)
+            .map_or(1, |args| args.len() as u64);
+        return (1, row.max(1));
+    };
+    let content = set
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let members: Vec<(u64, u64)> = content.iter().map(|c| grouping_set(c, depth + 1)).collect();
+    let width = members.iter().fold(0u64, |n, (_, w)| n.saturating_add(*w));
+    match set.get("kind").and_then(Value::as_i64).unwrap_or(0) {
+        // GROUPING_SET_EMPTY
+        1 => (1, 0),
+        // GROUPING_SET_ROLLUP
+        3 => ((members.len() as u64).saturating_add(1), width),
+        // GROUPING_SET_CUBE
+        4 => (
+            1u64.checked_shl(members.len().min(63) as u32)
+                .unwrap_or(u64::MAX),
+            width,
+        ),
+        // GROUPING_SET_SETS: each member's sets
+        5 => (
+            members.iter().fold(0u64, |n, (s, _)| n.saturating_add(*s)),
+            width,
+        ),
+        // GROUPING_SET_SIMPLE (a parenthesized list) and anything else: one set.
+        _ => (1, width),
     }
 }
 
