@@ -146,8 +146,46 @@ impl std::fmt::Display for Relation {
     }
 }
 
-/// A statement admitted, with the relations it names; or the refusal the plugin sees.
-pub(crate) type Verdict = Result<std::sync::Arc<[Relation]>, String>;
+/// What the delivery checks of an admitted statement before sending it.
+#[derive(Debug, Default)]
+pub(crate) struct Admitted {
+    /// The relations it names (see [`Relation`]).
+    pub(crate) relations: Vec<Relation>,
+    /// How many times it names each parameter (`$1` first). The server copies a parameter's
+    /// value into its plan once per reference while planning, uninterruptibly (a 10 MB text
+    /// named 200 times: 1.9 GB in one server process).
+    pub(crate) parameter_references: Vec<u64>,
+}
+
+/// Most bytes of parameter values a statement may make the server copy while planning: each
+/// parameter's size times the times the statement names it.
+pub(crate) const MAX_PARAMETER_COPIES: u64 = 64 << 20;
+
+impl Admitted {
+    /// Refuses `params` whose copies into the plan would pass [`MAX_PARAMETER_COPIES`].
+    pub(crate) fn check_parameters(&self, params: &[SqlValue]) -> Result<(), String> {
+        let copies = params.iter().enumerate().fold(0u64, |n, (i, p)| {
+            let size = match p {
+                SqlValue::Text(v) | SqlValue::Json(v) => v.len() as u64,
+                SqlValue::Bytes(v) => v.len() as u64,
+                _ => 8,
+            };
+            let refs = self.parameter_references.get(i).copied().unwrap_or(0);
+            n.saturating_add(size.saturating_mul(refs))
+        });
+        if copies > MAX_PARAMETER_COPIES {
+            return Err(format!(
+                "statement refused: its parameters, each as many times as the statement names \
+                 it, come to {copies} bytes, which the server copies into its plan; at most \
+                 {MAX_PARAMETER_COPIES} (name a large parameter once, e.g. in a CTE)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A statement admitted, and what to check before sending it; or the refusal the plugin sees.
+pub(crate) type Verdict = Result<std::sync::Arc<Admitted>, String>;
 
 /// Checks a plugin statement on PostgreSQL's own parse tree (libpg_query: the server's
 /// grammar and scanner); `Err` is the refusal the plugin sees. One statement, of an allowed
@@ -179,7 +217,7 @@ pub fn check(sql: &str) -> Result<(), String> {
 /// A verdict reached without parsing: the crash tests' ungated mode, or a recent statement's.
 pub(crate) fn known(sql: &str) -> Option<Verdict> {
     if crate::failpoint::selected("ungated") {
-        return Some(Ok(std::sync::Arc::from([])));
+        return Some(Ok(std::sync::Arc::default()));
     }
     VERDICTS.get(sql)
 }
@@ -267,7 +305,8 @@ fn judge(sql: &str) -> Verdict {
         ));
     }
     let mut named = Vec::new();
-    walk(&tree, 0, &mut named)?;
+    let mut parameter_references = Vec::new();
+    walk(&tree, 0, &mut named, &mut parameter_references)?;
     // Each relation named is opened, a view expanded into its definition, while the server
     // analyses the statement: a catalog view referenced 200 times took 2 GB of planning.
     if named.len() > MAX_RELATION_REFERENCES {
@@ -278,6 +317,15 @@ fn judge(sql: &str) -> Verdict {
     }
     check_expansions(&tree, 0, &mut 0)?;
     let expanded = expanded_size(&tree, 0);
+    if expanded == bounds::UNBOUNDED {
+        return Err(
+            "statement refused: a simple `CASE x WHEN ...` over a value the server computes \
+             while planning (a function's result, a parameter, a subquery's output) is copied \
+             whole into every WHEN arm, uninterruptibly; write `CASE WHEN x = ... THEN ...`, \
+             or nesting too deep to count"
+                .into(),
+        );
+    }
     if expanded > MAX_EXPANDED_NODES {
         return Err(format!(
             "statement refused: the server would copy {expanded} expression nodes while \
@@ -287,7 +335,10 @@ fn judge(sql: &str) -> Verdict {
     }
     named.sort_by(|a, b| (&a.schema, &a.name).cmp(&(&b.schema, &b.name)));
     named.dedup();
-    Ok(named.into())
+    Ok(std::sync::Arc::new(Admitted {
+        relations: named,
+        parameter_references,
+    }))
 }
 
 /// `SelectStmt` → `SELECT`, for refusals.
@@ -302,13 +353,20 @@ fn statement_name(kind: &str) -> String {
 /// fields, not their wrapper (a statement's target relation is a bare `RangeVar` struct, an
 /// expression's is wrapped in `{"RangeVar": ...}`): anything with a `relname` names a relation,
 /// anything with a `funcname` calls a function, an `into_clause` creates a table.
-fn walk(value: &serde_json::Value, depth: usize, named: &mut Vec<Relation>) -> Result<(), String> {
+fn walk(
+    value: &serde_json::Value,
+    depth: usize,
+    named: &mut Vec<Relation>,
+    params: &mut Vec<u64>,
+) -> Result<(), String> {
     use serde_json::Value;
     if depth > MAX_DEPTH {
         return Err("statement refused: nested too deeply".into());
     }
     match value {
-        Value::Array(items) => items.iter().try_for_each(|v| walk(v, depth + 1, named)),
+        Value::Array(items) => items
+            .iter()
+            .try_for_each(|v| walk(v, depth + 1, named, params)),
         Value::Object(fields) => {
             if fields.get("into_clause").is_some_and(|v| !v.is_null()) {
                 return Err("statement refused: SELECT ... INTO creates a table".into());
@@ -333,7 +391,21 @@ fn walk(value: &serde_json::Value, depth: usize, named: &mut Vec<Relation>) -> R
             {
                 check_function_name(name)?;
             }
-            fields.values().try_for_each(|v| walk(v, depth + 1, named))
+            if let Some(number) = fields
+                .get("ParamRef")
+                .and_then(|p| p.get("number"))
+                .and_then(Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| (1..=65_535).contains(n))
+            {
+                if params.len() < number {
+                    params.resize(number, 0);
+                }
+                params[number - 1] += 1;
+            }
+            fields
+                .values()
+                .try_for_each(|v| walk(v, depth + 1, named, params))
         }
         _ => Ok(()),
     }
@@ -1073,6 +1145,67 @@ mod tests {
         }
         let fine = vec!["(SELECT 1 FROM pg_class LIMIT 1)"; 100].join(", ");
         assert_eq!(check(&format!("SELECT {fine}")), Ok(()));
+    }
+
+    /// Found by a second review: a simple `CASE` copies its test value into every arm while
+    /// the server plans (five arms over a 500 MB `repeat`: 2.4 GB past a 500 ms timeout); a
+    /// parameter is copied into the plan once per reference (10 MB named 200 times: 1.9 GB);
+    /// a condition on a `UNION ALL` subquery is copied into every arm.
+    #[test]
+    fn values_the_planner_copies_are_bounded() {
+        for sql in [
+            "SELECT CASE repeat('x', 5000000) WHEN 'a' THEN 1 WHEN 'b' THEN 2 END",
+            "SELECT CASE $1::text WHEN 'a' THEN 1 END",
+            "SELECT CASE $1 WHEN 'a' THEN 1 END",
+            "SELECT CASE s WHEN 'a' THEN 1 END FROM (SELECT repeat('x', 9) AS s) t",
+            "WITH c AS (SELECT lpad('', 9) AS s) SELECT CASE c.s WHEN 'a' THEN 1 END FROM c",
+            "SELECT CASE upper(v) WHEN 'A' THEN 1 END FROM t",
+        ] {
+            assert!(check(sql).is_err(), "{sql}");
+        }
+        for sql in [
+            "SELECT CASE status WHEN 'a' THEN 1 WHEN 'b' THEN 2 END FROM orders",
+            "SELECT CASE o.status::text WHEN 'a' THEN 1 END FROM orders o",
+            "SELECT CASE 'x' WHEN 'a' THEN 1 END",
+            "SELECT CASE WHEN $1 = 'a' THEN 1 WHEN $1 = 'b' THEN 2 END",
+            "SELECT CASE WHEN upper(v) = 'A' THEN 1 END FROM t",
+        ] {
+            assert_eq!(check(sql), Ok(()), "{sql}");
+        }
+        let admitted = |sql: &str| super::judge(sql).unwrap();
+        let named_200 = format!(
+            "SELECT {}",
+            (0..200)
+                .map(|i| format!("$1 = 'a{i}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let a = admitted(&named_200);
+        assert_eq!(a.parameter_references, vec![200]);
+        let text = |n: usize| super::SqlValue::Text("x".repeat(n));
+        assert!(a.check_parameters(&[text(1 << 20)]).is_err(), "1 MiB x 200");
+        assert!(
+            a.check_parameters(&[text(200 << 10)]).is_ok(),
+            "200 KiB x 200"
+        );
+        let once = admitted("INSERT INTO t (a, b) VALUES ($1, $2)");
+        assert_eq!(once.parameter_references, vec![1, 1]);
+        assert!(
+            once.check_parameters(&[text(16 << 20), text(16 << 20)])
+                .is_ok()
+        );
+        assert!(
+            once.check_parameters(&[text(40 << 20), text(40 << 20)])
+                .is_err()
+        );
+        // UNION ALL: every arm gets the condition's references.
+        let arms = |k: usize, r: usize| {
+            let arms = vec!["SELECT current_user::text AS s"; k].join(" UNION ALL ");
+            let refs = vec!["s"; r].join(", ");
+            format!("SELECT count(*) FROM ({arms}) t WHERE ARRAY[{refs}] <> '{{}}'")
+        };
+        assert!(check(&arms(40, 2000)).is_err(), "40 arms x 2000");
+        assert_eq!(check(&arms(3, 20)), Ok(()));
     }
 
     #[test]

@@ -140,11 +140,11 @@ impl TxHandle {
                 }),
             None => judged.await,
         };
-        let named = match verdict {
-            Ok(named) => named,
+        let admitted = match verdict.and_then(|a| a.check_parameters(params).map(|()| a)) {
+            Ok(admitted) => admitted,
             Err(reason) => return self.refuse(reason).await,
         };
-        self.usable(&named).await?;
+        self.usable(&admitted.relations).await?;
         match sql_gate::bind(params) {
             Ok(args) => Ok(args),
             Err(reason) => self.refuse(reason).await,

@@ -1140,6 +1140,24 @@ async fn statements_that_multiply_analysis_or_planning_are_refused() {
         let sql = format!("WITH {} SELECT count(*) FROM c{levels}", ctes.join(", "));
         scripts.push(statement("execute", &sql));
     }
+    // Values the planner copies (a second review): a simple CASE's computed test value into
+    // every arm, a parameter into the plan at every reference (here 256 KiB named 300 times:
+    // 75 MiB on the server should a regression let them through).
+    scripts.push(statement(
+        "query",
+        "SELECT CASE repeat('x', 1000000) WHEN 'a' THEN 1 WHEN 'b' THEN 2 END",
+    ));
+    let named = (0..300)
+        .map(|i| format!("$1 = 'a{i}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    scripts.push(
+        serde_json::json!({ "steps": [{
+            "query": format!("SELECT {named}"),
+            "params": ["x".repeat(256 << 10)],
+        }]})
+        .to_string(),
+    );
     // A subquery's outputs copied into the query above at each reference, up a chain that
     // doubles per level (26 levels: 22 GB while planning, then the OOM killer restarted the
     // server); here 16 and 17 levels, 80–200 MB should a regression let them through.
