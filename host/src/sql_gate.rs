@@ -380,6 +380,9 @@ fn walk(
             if let Some(expr) = fields.get("AExpr") {
                 check_array_operands(expr)?;
             }
+            if let Some(from) = fields.get("RangeFunction") {
+                check_from_functions(from)?;
+            }
             // An identifier node: a function is also called as `(expr).f` or `t.f` (functional
             // notation), where its name is an indirection or a column reference, not a
             // `funcname`. Every identifier is held to the function rules; literals are `Sval`
@@ -445,6 +448,103 @@ fn check_array_operands(expr: &serde_json::Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Set-returning functions a FROM list may call with no column definition list: the planner
+/// never folds a set-returning call into a constant.
+const FROM_SET_RETURNING: &[&str] = &[
+    "generate_series",
+    "generate_subscripts",
+    "unnest",
+    "json_array_elements",
+    "json_array_elements_text",
+    "jsonb_array_elements",
+    "jsonb_array_elements_text",
+    "json_each",
+    "json_each_text",
+    "jsonb_each",
+    "jsonb_each_text",
+    "json_object_keys",
+    "jsonb_object_keys",
+    "json_to_recordset",
+    "jsonb_to_recordset",
+    "json_populate_recordset",
+    "jsonb_populate_recordset",
+    "jsonb_path_query",
+    "regexp_matches",
+    "regexp_split_to_table",
+    "string_to_table",
+];
+
+/// Refuses a function in a FROM list the planner may fold into one constant value and copy,
+/// whole, into every reference to it while it plans, without checking for cancellation (a
+/// 48 MB `repeat(...)` referenced 20 times: 1 GB, 0.8 s past a 100 ms timeout; a 1 GB value
+/// referenced a few dozen times exhausts any server): a call whose arguments are all constants
+/// or parameters. A known set-returning function passes, and so do a call without arguments,
+/// a call on a column (`LATERAL upper(t.v)`: not a constant) and a call with a column
+/// definition list of two or more columns (a composite result is not folded:
+/// `jsonb_to_record($1) AS r (id int, name text)`).
+fn check_from_functions(from: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
+    let columns = |list: Option<&Value>| list.and_then(Value::as_array).map_or(0, Vec::len);
+    let own_columns = columns(from.get("coldeflist"));
+    let functions = from
+        .get("functions")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    for function in functions {
+        let items = function
+            .pointer("/node/List/items")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        let expression = items.first();
+        let call = expression.and_then(|c| c.pointer("/node/FuncCall"));
+        let arguments = match call {
+            Some(c) => c.get("args").and_then(Value::as_array).map_or(0, Vec::len),
+            None => 1,
+        };
+        let on_a_column = expression.is_some_and(|e| names_a_column(e, 0));
+        let defined = columns(items.get(1).and_then(|l| l.pointer("/node/List/items")));
+        let name: Vec<String> = call
+            .and_then(|c| c.get("funcname"))
+            .and_then(Value::as_array)
+            .map(|parts| parts.iter().map(string_node).collect())
+            .unwrap_or_default();
+        let set_returning = match name.as_slice() {
+            [f] | [_, f] if name.len() == 1 || name[0] == "pg_catalog" => {
+                FROM_SET_RETURNING.contains(&f.to_lowercase().as_str())
+            }
+            _ => false,
+        };
+        if !set_returning && defined.max(own_columns) < 2 && arguments > 0 && !on_a_column {
+            let shown = name.last().map_or("this expression", String::as_str);
+            return Err(format!(
+                "statement refused: `{}` in a FROM list: only a set-returning function \
+                 (generate_series, unnest, jsonb_array_elements, …) or a call with a column \
+                 definition list of two or more columns may be called there; the server folds \
+                 any other into one value and copies it into every reference, \
+                 uninterruptibly (call it in the select list)",
+                crate::text::reason(shown)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether an expression references a column anywhere in it (then it is not a constant).
+fn names_a_column(value: &serde_json::Value, depth: usize) -> bool {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    match value {
+        Value::Array(items) => items.iter().any(|v| names_a_column(v, depth + 1)),
+        Value::Object(fields) => {
+            fields.contains_key("ColumnRef")
+                || fields.values().any(|v| names_a_column(v, depth + 1))
+        }
+        _ => false,
+    }
 }
 
 /// A constant, a parameter, an `ARRAY[...]` of such, a column, a subquery, or a cast of one.

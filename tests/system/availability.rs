@@ -1158,6 +1158,16 @@ async fn statements_that_multiply_analysis_or_planning_are_refused() {
         }]})
         .to_string(),
     );
+    // A scalar function in FROM, folded and copied into each of 20 references (80 MB should a
+    // regression let it through).
+    let refs = (0..20)
+        .map(|i| format!("f.s = 'a{i}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    scripts.push(statement(
+        "query",
+        &format!("SELECT {refs} FROM repeat(repeat('x', 1048576), 4) AS f (s)"),
+    ));
     // A subquery's outputs copied into the query above at each reference, up a chain that
     // doubles per level (26 levels: 22 GB while planning, then the OOM killer restarted the
     // server); here 16 and 17 levels, 80–200 MB should a regression let them through.
