@@ -516,3 +516,74 @@ async fn a_deallocated_session_is_closed_not_kept() {
     assert_eq!(env.markers(CONSUMER).await, 7);
     env.cleanup().await;
 }
+
+/// SQL-level prepared statements a handler leaves are looked for once per group, by its commit
+/// (the clearing between two handlers no longer lists them: that was most of its cost). The
+/// commit then fails and the group runs again one delivery per transaction, so nothing a later
+/// handler did while it could see them is committed.
+#[tokio::test]
+async fn a_prepared_statement_left_in_a_group_reaches_nothing_committed() {
+    let (env, plugin, c) = ungated("group_prepared").await;
+    let leave = r#"{"steps":[
+        {"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"},
+        {"execute":"PREPARE left_behind AS SELECT 1"}
+    ]}"#;
+    let record = serde_json::json!({"steps": [{"execute": "UPDATE inventory SET reserved = \
+        reserved + 100 + 1000 * (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int \
+        WHERE sku = 'sku-1'"}]})
+    .to_string();
+    let record = record.as_str();
+    let results = c
+        .process_batch(
+            plugin.as_ref(),
+            &[message("leaves", leave), message("records", record)],
+        )
+        .await;
+    assert!(
+        results.iter().all(|p| p.outcome == Outcome::Applied),
+        "{results:?}"
+    );
+    assert_eq!(
+        env.reserved("sku-1").await,
+        101,
+        "each applied once, and the second saw no prepared statement"
+    );
+    env.cleanup().await;
+}
+
+/// A group claims all its deliveries up front. A plugin that ends the transaction itself
+/// (`COMMIT`, gate off) in the first delivery committed the claims of the later ones, whose
+/// handlers had not run: their redeliveries were duplicates and their effects lost (found by
+/// `wall.rs`, depending on how deliveries fell into groups). The group's seal (migration 0014)
+/// fails any commit but the host's: nothing of the group commits, and the later deliveries
+/// apply.
+#[tokio::test]
+async fn a_plugin_commit_does_not_commit_its_groups_later_claims() {
+    let (env, plugin, c) = ungated("group_commit_early").await;
+    for end in ["COMMIT", "COMMIT AND CHAIN", "END"] {
+        let early = serde_json::json!({"steps": [{"execute": end}]}).to_string();
+        let later = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 10 WHERE sku = 'sku-1'"}]}"#;
+        let tag = end.replace(' ', "-").to_lowercase();
+        let before = env.reserved("sku-1").await;
+        let results = c
+            .process_batch(
+                plugin.as_ref(),
+                &[
+                    message(&format!("{tag}-early"), &early),
+                    message(&format!("{tag}-later-1"), later),
+                    message(&format!("{tag}-later-2"), later),
+                ],
+            )
+            .await;
+        assert!(
+            results[1..].iter().all(|p| p.outcome == Outcome::Applied),
+            "{end}: {results:?}"
+        );
+        assert_eq!(
+            env.reserved("sku-1").await - before,
+            20,
+            "{end}: each applied once"
+        );
+    }
+    env.cleanup().await;
+}

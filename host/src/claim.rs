@@ -2,6 +2,32 @@
 //! handler, `COMMIT` — and the decision of what the attempt was (`Outcome`), including the
 //! bounded whole-transaction retry on serialization failure and deadlock.
 
+/// Begins a transaction of `$connections` with `$begin` (statements) sent ahead of its first
+/// statement, `$first`: an expression using `$tx`, the transaction (`&mut Tx`), that returns a
+/// `Result<_, sqlx::Error>` (see `Connections::take`). A kept connection found broken is
+/// dropped and the next one tried. Evaluates to `Result<(Tx, T), Begin>`. A macro, not a
+/// function taking a closure: a closure borrowing the transaction made the delivery's future
+/// not `Send` for the spawner.
+macro_rules! begin_then {
+    ($connections:expr, $begin:expr, |$tx:ident| $first:expr) => {
+        loop {
+            let (mut opened, from_pool) = match $connections.take($begin).await {
+                Ok(taken) => taken,
+                Err(e) => break Err(Begin::Refused(e)),
+            };
+            let $tx = &mut opened;
+            match $first {
+                Ok(done) => break Ok((opened, done)),
+                Err(e) => {
+                    if let Some(failed) = opened.first_failed(e, from_pool).await {
+                        break Err(failed);
+                    }
+                }
+            }
+        }
+    };
+}
+
 mod batch;
 
 use std::sync::Arc;
@@ -15,7 +41,7 @@ use crate::config::{ConsumerConfig, Isolation};
 use crate::failpoint;
 use crate::handler::{Handler, HandlerError, Message};
 use crate::outbox::Origin;
-use crate::pg::{self, Connections, FailureKind, Tx, Wall};
+use crate::pg::{self, Begin, Connections, FailureKind, Tx, Wall};
 use crate::tx_handle::{Deadline, TxHandle};
 
 pub(crate) use crate::outcome::{Outcome, Processed, Rollback};
@@ -396,18 +422,21 @@ impl Claimer {
             r.trace.new_attempt();
         }
         let wall = self.wall().await?;
-        let mut tx = self.begin(&wall).await?;
-        let claimed = self.claim(&mut tx, &wall, handler, msg, timing, true).await;
-        let (claimed, backend_pid) = match claimed {
-            Ok(c) => {
+        // The BEGIN goes ahead of the claim, in its round trip.
+        let begun = begin_then!(self.connections, &wall.begin_statements, |tx| self
+            .claim(tx, &wall, handler, msg, timing, true)
+            .await);
+        let (tx, (claimed, backend_pid)) = match begun {
+            Ok((mut tx, c)) => {
                 tx.stoppable(self.backend(c.1));
-                c
+                (tx, c)
             }
-            Err(e) => {
+            Err(Begin::First(mut tx, e)) => {
                 tx.note_failure(&e);
                 rollback(tx, &wall).await;
                 return Err(AttemptFailure::db("failed to claim marker", &e));
             }
+            Err(Begin::Refused(e)) => return Err(not_begun(&e)),
         };
         if !claimed {
             return self
@@ -438,22 +467,13 @@ impl Claimer {
         .map(|()| outcome)
     }
 
-    /// Opens a transaction at the consumer's isolation, with the host's settings (see
-    /// [`Wall::load`]).
-    async fn begin(&self, wall: &Wall) -> Result<Tx, AttemptFailure> {
-        self.begin_with(&wall.begin_sql).await
-    }
-
     /// Opens a transaction with `begin` (one of the wall's `BEGIN` statements).
     async fn begin_with(&self, begin: &str) -> Result<Tx, AttemptFailure> {
         self.connections
             .begin(begin)
             .await
             .map(|(tx, _)| tx)
-            .map_err(|e| AttemptFailure {
-                cause: Rollback::Connection,
-                ..AttemptFailure::db("failed to begin transaction", &e)
-            })
+            .map_err(|e| not_begun(&e))
     }
 
     /// Claims `msg`'s marker through the host's function, the consumer, id and plugin version
@@ -500,14 +520,22 @@ impl Claimer {
         handler: &dyn Handler,
         ids: &[&str],
     ) -> Result<(Vec<String>, i32), sqlx::Error> {
-        let claimed: Vec<Option<String>> =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(wall.claim_all_sql.clone()))
-                .bind(&wall.key)
-                .bind(&self.settings.consumer_name)
-                .bind(ids)
-                .bind(handler.digest())
-                .fetch_all(&mut **tx)
-                .await?;
+        let mut claim = sqlx::query_scalar(sqlx::AssertSqlSafe(wall.claim_all_sql.clone()))
+            .bind(&wall.key)
+            .bind(&self.settings.consumer_name)
+            .bind(ids)
+            .bind(handler.digest());
+        // The group's seal: only the host's commit, which names it, may commit the claims.
+        let seal = wall
+            .sealed
+            .then(|| format!("{:032x}", rand::random::<u128>()));
+        if let Some(seal) = &seal {
+            claim = claim.bind(seal);
+        }
+        let claimed: Vec<Option<String>> = claim.fetch_all(&mut **tx).await?;
+        if let Some(seal) = seal {
+            tx.sealed(seal);
+        }
         let (pid, xid): (i32, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT pg_catalog.pg_backend_pid(), {}",
             crate::pg::CURRENT_XID
@@ -557,6 +585,14 @@ impl Claimer {
             lock_wait: false,
         })?;
         Ok((tx, judge(result, poison)))
+    }
+}
+
+/// A transaction that did not begin: no connection, or the server refused the `BEGIN`.
+fn not_begun(e: &sqlx::Error) -> AttemptFailure {
+    AttemptFailure {
+        cause: Rollback::Connection,
+        ..AttemptFailure::db("failed to begin transaction", e)
     }
 }
 

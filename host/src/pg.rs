@@ -17,7 +17,7 @@ pub mod wall;
 pub use failover::Failover;
 #[cfg(feature = "test-support")]
 pub use tx::session_failed;
-pub(crate) use tx::{Backend, CURRENT_XID, CommitSql, last_flag};
+pub(crate) use tx::{Backend, Begin, CURRENT_XID, CommitSql, last_ahead_flag, last_flag};
 pub use tx::{Connections, Tx};
 pub use wall::Wall;
 

@@ -40,6 +40,7 @@ pub(crate) const HOST_RELATIONS: &[&str] = &[
     "outbox_message",
     "outbox_message_id_seq",
     "idemhost_key",
+    "idemhost_group_seal",
     "_sqlx_migrations",
 ];
 

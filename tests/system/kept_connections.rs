@@ -465,3 +465,166 @@ async fn a_connection_kept_from_before_a_move_is_not_used_again() {
     );
     conns.pool().close().await;
 }
+
+/// A connection of the test's schema, through `addr` when given (host and port).
+async fn connection(env: &TestEnv, addr: Option<std::net::SocketAddr>) -> sqlx::PgConnection {
+    use sqlx::ConnectOptions as _;
+    let mut options =
+        idemhost::test_support::pg::connect_options(&PG_URL, Some(&env.schema), &env.schema)
+            .unwrap();
+    if let Some(addr) = addr {
+        options = options.host(&addr.ip().to_string()).port(addr.port());
+    }
+    options.connect().await.unwrap()
+}
+
+/// A statement sent ahead of another (sqlx's `send_ahead`, patched in `vendor/`: how a
+/// delivery's `BEGIN` rides on its claim, and a group's clearing on the next handler's first
+/// statement) that fails keeps the statement behind it from running at all: the server skips
+/// every message up to the Sync. A `BEGIN` the server refused therefore never lets the claim
+/// behind it run — and commit — on its own.
+#[tokio::test]
+async fn a_failed_statement_sent_ahead_keeps_the_next_one_from_running() {
+    let env = TestEnv::new("ahead_fails").await;
+    let mut conn = connection(&env, None).await;
+    sqlx::raw_sql("CREATE TABLE ahead_rows (n int)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let insert = "INSERT INTO ahead_rows VALUES ($1)";
+    // Prepared and kept by sqlx: what is sent ahead of it goes in its own Sync.
+    sqlx::query(insert)
+        .bind(1)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    for (i, ahead) in [
+        vec!["SELECT 1 / 0"],
+        vec!["BEGIN ISOLATION LEVEL NONSENSE"],
+        vec!["BEGIN", "SET LOCAL statement_timeout = 'not a duration'"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for sql in &ahead {
+            conn.send_ahead(*sql);
+        }
+        let n = i32::try_from(i).unwrap() + 2;
+        let ran = sqlx::query(insert).bind(n).execute(&mut conn).await;
+        assert!(ran.is_err(), "{ahead:?}: the statement behind ran");
+        assert!(
+            conn.ahead_failed(),
+            "{ahead:?}: the failure was not the ahead's"
+        );
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut conn).await;
+    }
+    // Then the connection works as before, and only the first row is there.
+    sqlx::query(insert)
+        .bind(9)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let rows: Vec<i32> = sqlx::query_scalar("SELECT n FROM ahead_rows ORDER BY n")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, [1, 9]);
+    env.cleanup().await;
+}
+
+/// A loopback proxy to PostgreSQL that counts what the client sends in separate writes (one
+/// per round trip of a client that waits for each answer).
+async fn counting_proxy() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let url = url::Url::parse(&PG_URL).unwrap();
+    let server = format!(
+        "{}:{}",
+        url.host_str().unwrap_or("127.0.0.1"),
+        url.port().unwrap_or(5432)
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let writes = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = writes.clone();
+    tokio::spawn(async move {
+        let (client, _) = listener.accept().await.unwrap();
+        let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut up_read, mut up_write) = upstream.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut up_read, &mut client_write).await;
+        });
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n) = client_read.read(&mut buf).await {
+            if n == 0 || up_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (addr, writes)
+}
+
+/// What is sent ahead of a statement the connection has prepared goes in that statement's
+/// round trip: a delivery's `BEGIN` and `SET LOCAL`s with its claim, a group's clearing with the
+/// next handler's first statement. Each took a round trip of its own before.
+#[tokio::test]
+async fn statements_sent_ahead_share_the_next_ones_round_trip() {
+    use std::sync::atomic::Ordering;
+    let env = TestEnv::new("ahead_trip").await;
+    let (addr, writes) = counting_proxy().await;
+    let mut conn = connection(&env, Some(addr)).await;
+    let claim = "SELECT $1::int4, pg_catalog.pg_backend_pid()";
+    // Prepared and kept on the first run.
+    sqlx::query(claim)
+        .bind(1)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let before = writes.load(Ordering::SeqCst);
+        for sql in [
+            "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE",
+            "SET LOCAL statement_timeout = '5000'",
+        ] {
+            conn.send_ahead(sql);
+        }
+        let (n, _): (i32, i32) = sqlx::query_as(claim)
+            .bind(round)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(n, round);
+        assert_eq!(
+            writes.load(Ordering::SeqCst) - before,
+            1,
+            "round {round}: the BEGIN took a round trip of its own"
+        );
+        assert!(
+            !conn.transaction_idle(),
+            "round {round}: no transaction began"
+        );
+        // The clearing ahead of the next statement, with its row.
+        let before = writes.load(Ordering::SeqCst);
+        conn.send_ahead("RESET ALL");
+        conn.send_ahead("SELECT pg_catalog.current_setting('statement_timeout') = '0', 1");
+        sqlx::query(claim)
+            .bind(round)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            writes.load(Ordering::SeqCst) - before,
+            1,
+            "round {round}: the clearing"
+        );
+        let rows = conn.take_ahead_rows();
+        assert_eq!(rows, [Some(b"t".to_vec())], "round {round}: its row");
+        sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap();
+    }
+    env.cleanup().await;
+}

@@ -30,9 +30,11 @@ use std::time::Instant;
 
 use tracing::{Instrument, debug, info_span};
 
-use super::{AttemptFailure, Claimer, Outcome, Processed, Rollback, Timing, failpoint, rollback};
+use super::{
+    AttemptFailure, Claimer, Outcome, Processed, Rollback, Timing, failpoint, not_begun, rollback,
+};
 use crate::handler::{Handler, Message};
-use crate::pg::{FailureKind, Tx, Wall};
+use crate::pg::{self, Begin, FailureKind, Tx, Wall};
 
 /// One message's result inside a batch that has not committed yet.
 struct Part {
@@ -130,18 +132,18 @@ impl Claimer {
     /// The batch without savepoints: all claims in one statement, the handlers, COMMIT.
     async fn optimistic(&self, handler: &dyn Handler, msgs: &[Message]) -> Result<Vec<Part>, Stop> {
         let wall = self.wall().await.map_err(Stop::Batch)?;
-        let mut tx = self
-            .begin_with(&wall.begin_group_sql)
-            .await
-            .map_err(Stop::Batch)?;
         let started = Instant::now();
         let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
-        let (claimed, pid) = match self.claim_all(&mut tx, &wall, handler, &ids).await {
-            Ok(c) => {
+        // The BEGIN goes ahead of the claims, in their round trip.
+        let begun = begin_then!(self.connections, &wall.begin_group_statements, |tx| self
+            .claim_all(tx, &wall, handler, &ids)
+            .await);
+        let (mut tx, (claimed, pid)) = match begun {
+            Ok((mut tx, c)) => {
                 tx.stoppable(self.backend(c.1));
-                c
+                (tx, c)
             }
-            Err(e) => {
+            Err(Begin::First(mut tx, e)) => {
                 tx.note_failure(&e);
                 rollback(tx, &wall).await;
                 return Err(Stop::Batch(in_group(AttemptFailure::db(
@@ -149,6 +151,7 @@ impl Claimer {
                     &e,
                 ))));
             }
+            Err(Begin::Refused(e)) => return Err(Stop::Batch(not_begun(&e))),
         };
         let mut claimed: HashSet<String> = claimed.into_iter().collect();
         let claim = started.elapsed();
@@ -165,18 +168,43 @@ impl Claimer {
                 parts.push(Part::done(Outcome::Duplicate, timing));
                 continue;
             }
-            // A handler ran before this one in the transaction: cleared first.
-            if std::mem::replace(&mut handled, true)
-                && let Err(f) = clear(&mut tx, &wall).await
-            {
-                rollback(tx, &wall).await;
-                return Err(Stop::Batch(f));
+            // A handler ran before this one in the transaction: the session is cleared before
+            // this one's first statement, in that statement's round trip (see
+            // `Wall::between_sql`). Queued once: a handler that sent nothing leaves it queued
+            // for the next one, and the commit clears the session itself.
+            if std::mem::replace(&mut handled, true) && !tx.has_ahead() {
+                for statement in &wall.between_statements {
+                    tx.send_ahead(statement.as_str());
+                }
             }
             let (back, failure) = self
                 .lend(tx, &wall, pid, handler, msg, &mut timing)
                 .await
                 .map_err(Stop::Batch)?;
             tx = back;
+            // What the clearing found, if it ran during this handler (its failure failed the
+            // handler's first statement, which the server then skipped).
+            let clearing_failed = failure.is_some() && tx.ahead_failed();
+            let left = pg::last_ahead_flag(&tx.take_ahead_rows());
+            // A transaction the last plugin made read-only abandons the group, whatever this
+            // handler made of it (its writes failed).
+            if left {
+                rollback(tx, &wall).await;
+                return Err(Stop::Batch(left_in_session()));
+            }
+            if let Some(failure) = failure.as_ref().filter(|_| clearing_failed) {
+                let reason = format!(
+                    "failed to clear the session between deliveries: {}",
+                    failure.reason
+                );
+                rollback(tx, &wall).await;
+                return Err(Stop::Batch(AttemptFailure {
+                    kind: FailureKind::Retryable,
+                    cause: Rollback::Database,
+                    reason,
+                    lock_wait: false,
+                }));
+            }
             if let Some(failure) = failure.map(in_group) {
                 rollback(tx, &wall).await;
                 return Err(match failure.kind {
@@ -184,10 +212,11 @@ impl Claimer {
                     _ => Stop::Message(index, Part::failed(failure, timing)),
                 });
             }
+
             parts.push(Part::done(Outcome::Applied, timing));
         }
         failpoint::hit("before_commit");
-        tx.commit_with(&wall.commit_sql)
+        tx.commit_with(&wall.group_commit_sql)
             .await
             .map_err(|e| Stop::Batch(AttemptFailure::db("failed to commit", &e)))?;
         Ok(parts)
@@ -313,16 +342,22 @@ async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
             AttemptFailure::db("failed to clear the session between deliveries", &e)
         })?;
     if crate::pg::last_flag(&rows) {
-        return Err(AttemptFailure {
-            kind: FailureKind::Retryable,
-            cause: Rollback::Database,
-            reason: "a plugin left prepared statements in the session or made the transaction \
-                     read-only; the group runs again one delivery per transaction"
-                .into(),
-            lock_wait: false,
-        });
+        return Err(left_in_session());
     }
     Ok(())
+}
+
+/// What abandons a group whose clearing found a plugin left SQL-level prepared statements in
+/// the session (which only closing the connection removes) or made the transaction read-only.
+fn left_in_session() -> AttemptFailure {
+    AttemptFailure {
+        kind: FailureKind::Retryable,
+        cause: Rollback::Database,
+        reason: "a plugin left prepared statements in the session or made the transaction \
+                 read-only; the group runs again one delivery per transaction"
+            .into(),
+        lock_wait: false,
+    }
 }
 
 /// Runs a savepoint statement; its failure abandons the batch.

@@ -172,6 +172,39 @@ impl Connections {
     /// pool's last. When a statement fails, the transaction is rolled back and `Err` returned
     /// (the connection closed if the failure was about the session: [`session_failed`]).
     pub async fn begin(self: &Arc<Self>, begin: &str) -> Result<(Tx, Vec<PgRow>), sqlx::Error> {
+        loop {
+            let (mut tx, from_pool) = self.take(&[]).await?;
+            let rows = sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
+                .fetch_all(&mut *tx)
+                .await;
+            match rows {
+                Ok(rows) => return Ok((tx, rows)),
+                // The simple query is all `begin`: its failure is the BEGIN's.
+                Err(e @ sqlx::Error::Database(_)) => {
+                    refused(tx).await;
+                    return Err(e);
+                }
+                Err(e) => match tx.first_failed(e, from_pool).await {
+                    Some(begin) => return Err(begin.into()),
+                    None => continue,
+                },
+            }
+        }
+    }
+
+    /// A transaction's connection with `begin` (the statements, one by one: `BEGIN ...` and the
+    /// `SET LOCAL`s after it) queued to go ahead of its first statement, in that statement's
+    /// round trip: where it is a statement the connection has prepared already, one round trip
+    /// for both (see sqlx's `send_ahead`, patched in `vendor/`); on a connection new to it,
+    /// `begin` is sent in a round trip of its own first. The extended protocol's own rule keeps
+    /// the first statement out of the server's autocommit: after an error the server skips
+    /// every message up to the Sync, so a refused `BEGIN` never lets it run (and commit) on its
+    /// own. Whether the connection came from the pool (not a kept one) is returned with it: a
+    /// failure of the first statement goes to [`Tx::first_failed`] (see `claim::begin_then!`).
+    pub(crate) async fn take(
+        self: &Arc<Self>,
+        begin: &[String],
+    ) -> Result<(Tx, bool), sqlx::Error> {
         // Waiting on an exhausted pool of its own ends with the pool's `acquire_timeout`, however
         // often a kept connection was given back to another waiter first.
         let deadline = Instant::now() + self.pool.options().get_acquire_timeout();
@@ -219,27 +252,12 @@ impl Connections {
                 grown: false,
                 backend: None,
                 claimed_in: None,
+                seal: None,
             };
-            match sqlx::raw_sql(AssertSqlSafe(begin.to_owned()))
-                .fetch_all(&mut *tx)
-                .await
-            {
-                Ok(rows) => return Ok((tx, rows)),
-                // The server refused the host's own fixed statements: that is about the server
-                // or the session (a standby answers `BEGIN ... READ WRITE` with 0A000, "during
-                // recovery"), never about a message. The connection is closed, not kept.
-                Err(e @ sqlx::Error::Database(_)) => {
-                    tx.session_failed = true;
-                    let _ = tx.rollback().await;
-                    return Err(e);
-                }
-                Err(e) => {
-                    drop(tx);
-                    if from_pool {
-                        return Err(e);
-                    }
-                }
+            for statement in begin {
+                tx.send_ahead(statement.as_str());
             }
+            return Ok((tx, from_pool));
         }
     }
 
@@ -376,6 +394,41 @@ pub(crate) fn last_flag(rows: &[PgRow]) -> bool {
 /// read with the claim, checked again at the commit ([`Tx::claimed_in`]).
 pub(crate) const CURRENT_XID: &str = "pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text";
 
+/// Why a transaction did not begin (see [`Connections::begin_then`]).
+pub(crate) enum Begin {
+    /// No connection, or the server refused the `BEGIN` (the connection is closed).
+    Refused(sqlx::Error),
+    /// The transaction's first statement failed; the transaction is still open.
+    First(Tx, sqlx::Error),
+}
+
+impl From<sqlx::Error> for Begin {
+    fn from(e: sqlx::Error) -> Self {
+        Begin::Refused(e)
+    }
+}
+
+impl From<Begin> for sqlx::Error {
+    fn from(begin: Begin) -> Self {
+        match begin {
+            Begin::Refused(e) | Begin::First(_, e) => e,
+        }
+    }
+}
+
+/// Ends a transaction whose `BEGIN` the server refused: about the session, so its connection
+/// is closed, not kept.
+async fn refused(mut tx: Tx) {
+    tx.session_failed = true;
+    let _ = tx.rollback().await;
+}
+
+/// Whether the last of `flags` (the first column of rows a statement sent ahead returned, as
+/// text) is `true`.
+pub(crate) fn last_ahead_flag(flags: &[Option<Vec<u8>>]) -> bool {
+    matches!(flags.last(), Some(Some(v)) if v.as_slice() == b"t")
+}
+
 /// A delivery's COMMIT round trip as the wall sends it (see [`Tx::commit_with`]).
 #[derive(Clone, Debug)]
 pub(crate) struct CommitSql {
@@ -410,6 +463,8 @@ pub struct Tx {
     backend: Option<Backend>,
     /// The transaction id the claim ran in (`Some(None)`: none assigned yet), once claimed.
     claimed_in: Option<Option<String>>,
+    /// The group's seal, which the commit names (see `Wall::sealed`).
+    seal: Option<String>,
 }
 
 /// How long a rollback, with the session reset after it, may take before the connection is
@@ -453,6 +508,32 @@ impl Backend {
 }
 
 impl Tx {
+    /// Judges the failure of a transaction's first statement, the `BEGIN` sent ahead of it (see
+    /// [`Connections::take`]): `None` when the connection was a kept one that turned out broken
+    /// (not an error from the server) — it is dropped, and the next one may be tried; a
+    /// refused `BEGIN` closes the connection ([`Begin::Refused`]); the first statement's own
+    /// failure comes back with its transaction ([`Begin::First`]), for the caller to roll back.
+    pub(crate) async fn first_failed(
+        mut self,
+        error: sqlx::Error,
+        from_pool: bool,
+    ) -> Option<Begin> {
+        match error {
+            // The server refused the host's own fixed statements: that is about the server or
+            // the session (a standby answers `BEGIN ... READ WRITE` with 0A000, "during
+            // recovery"), never about a message. The connection is closed, not kept.
+            e @ sqlx::Error::Database(_) if self.ahead_failed() => {
+                refused(self).await;
+                Some(Begin::Refused(e))
+            }
+            e @ sqlx::Error::Database(_) => Some(Begin::First(self, e)),
+            e => {
+                drop(self);
+                from_pool.then_some(Begin::Refused(e))
+            }
+        }
+    }
+
     /// Records a statement's failure: one about the session ([`session_failed`]) closes the
     /// connection when the transaction ends, instead of keeping it.
     pub fn note_failure(&mut self, error: &sqlx::Error) {
@@ -500,7 +581,25 @@ impl Tx {
         let Some(xid) = &self.claimed_in else {
             return self.end(&commit.plain).await;
         };
-        let xid = xid.as_deref().unwrap_or("");
+        let statement = self.commit_statement(commit, xid.as_deref().unwrap_or(""))?;
+        // The seal, named after the clearing (whose `RESET ALL` would undo it), just before the
+        // COMMIT; hexadecimal digits of the host's own.
+        let statement = match (&self.seal, statement.strip_suffix("COMMIT")) {
+            (Some(seal), Some(head)) => {
+                format!("{head}SET LOCAL idemhost.seal = '{seal}'; COMMIT")
+            }
+            _ => statement,
+        };
+        self.end(&statement).await
+    }
+
+    /// Records the group's seal (see `Wall::sealed`).
+    pub(crate) fn sealed(&mut self, seal: String) {
+        self.seal = Some(seal);
+    }
+
+    /// The commit statement checking that the transaction is still `xid`'s, the claim's.
+    fn commit_statement(&self, commit: &CommitSql, xid: &str) -> Result<String, sqlx::Error> {
         // The id is the server's own digits; anything else would be a server bug.
         if !xid.bytes().all(|b| b.is_ascii_digit()) {
             return Err(sqlx::Error::Protocol(format!(
@@ -521,7 +620,7 @@ impl Tx {
                 )
             }
         };
-        self.end(&statement).await
+        Ok(statement)
     }
 
     /// Commits with `statement` as it is, whatever was claimed: for transactions outside a
@@ -575,6 +674,9 @@ impl Tx {
     /// which an aborted transaction refuses (25P02): such a commit returns `Err`, and the
     /// delivery is not acked.
     async fn end(mut self, statement: &str) -> Result<(), sqlx::Error> {
+        // A clearing queued ahead of a statement that never came: the end clears the session
+        // itself.
+        self.discard_ahead();
         let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
             .fetch_all(&mut *self)
             .await?;

@@ -19,6 +19,12 @@ pub struct Wall {
     pub(crate) key: String,
     pub(crate) claim_sql: String,
     pub(crate) claim_all_sql: String,
+    /// The group's claim also writes a seal (migration 0014): a random value bound with the
+    /// claim, which only the host's commit names (`SET LOCAL idemhost.seal`); a deferred
+    /// trigger fails any other commit of the transaction — one a plugin's own `COMMIT` made
+    /// (gate off) before the later deliveries of its group ran, which committed their claims
+    /// without their effects.
+    pub(crate) sealed: bool,
     pub(crate) outbox_sql: String,
     /// Sent as every COMMIT: the session cleared, the durability the operator configured
     /// re-asserted after the plugin ran (whatever it set in the transaction), COMMIT.
@@ -27,9 +33,21 @@ pub struct Wall {
     pub(crate) begin_sql: String,
     /// Opens a group-commit transaction: [`Wall::begin_sql`] and the group's `lock_timeout`.
     pub(crate) begin_group_sql: String,
+    /// [`Wall::begin_sql`] as its statements, to send ahead of a claim (see
+    /// `Connections::begin_then`).
+    pub(crate) begin_statements: Vec<String>,
+    /// [`Wall::begin_group_sql`] as its statements.
+    pub(crate) begin_group_statements: Vec<String>,
     /// Run in a group between one delivery's handler and the next one's (see
     /// [`Wall::between_sql`]).
     pub(crate) between_sql: String,
+    /// Sent in a group ahead of the next delivery's first statement (see
+    /// [`Wall::between_statements`]).
+    pub(crate) between_statements: Vec<String>,
+    /// Ends a group's transaction: as [`Wall::commit_sql`], and the commit fails instead when a
+    /// plugin left SQL-level prepared statements in the session (see
+    /// [`Wall::between_statements`]).
+    pub(crate) group_commit_sql: super::CommitSql,
     /// Rolls a delivery back and resets the session.
     pub(crate) rollback_sql: String,
     /// What the consumer's role may use of the relations its plugin named.
@@ -65,6 +83,22 @@ impl Wall {
         &self.between_sql
     }
 
+    /// What a group sends between one delivery's handler and the next one's, ahead of the next
+    /// one's first statement, in its round trip (each prepared once per session, so the server
+    /// neither parses nor plans them again): settings back to their defaults, temporary objects
+    /// dropped, cursors closed, LISTEN undone, session advisory locks released, the group's
+    /// settings again (`set_config(..., true)`, as `SET LOCAL`); its row says whether the
+    /// transaction was made read-only. It does not look
+    /// for SQL-level prepared statements a plugin left (listing them made the server copy every
+    /// statement the session keeps, each time: most of what the clearing cost): the group's
+    /// commit does ([`Wall::group_commit_sql`]), and fails when there are any, so the group runs
+    /// again one delivery per transaction. A plugin that prepared its own statement under the
+    /// name of one of these (with the gate off) so that the next delivery skipped the clearing
+    /// therefore gets nothing committed from that run.
+    pub fn between_statements(&self) -> &[String] {
+        &self.between_statements
+    }
+
     /// Ends a delivery's transaction: the session cleared, the host's durability set again,
     /// `COMMIT` (see [`SESSION_CLEAR`]).
     pub fn commit_sql(&self) -> &str {
@@ -96,13 +130,16 @@ const SESSION_CLEAR: &str = "RESET ALL; DISCARD TEMP; CLOSE ALL; UNLISTEN *";
 const PREPARED_LEFT: &str =
     "EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_statement() AS p WHERE p.from_sql)";
 
-/// `SET LOCAL name = 'value'` for each setting (values already escaped), `;`-separated.
-fn set_local(settings: &[(&str, String)]) -> String {
-    settings
-        .iter()
-        .map(|(name, value)| format!("SET LOCAL {name} = '{value}'"))
-        .collect::<Vec<_>>()
-        .join("; ")
+/// `begin`, then `SET LOCAL name = 'value'` for each setting (values already escaped): the
+/// statements that open a delivery's transaction.
+fn begin_statements(begin: &str, settings: &[(&str, String)]) -> Vec<String> {
+    std::iter::once(begin.to_string())
+        .chain(
+            settings
+                .iter()
+                .map(|(name, value)| format!("SET LOCAL {name} = '{value}'")),
+        )
+        .collect()
 }
 
 /// Which form of the clearing the schema has (see [`clear_sql`]).
@@ -195,6 +232,9 @@ impl Wall {
                  IS NOT NULL, \
              pg_catalog.to_regprocedure(pg_catalog.format( \
                  '%I.idemhost_session_clear(text[], text[], boolean, text)', current_schema())) \
+                 IS NOT NULL, \
+             pg_catalog.to_regprocedure(pg_catalog.format( \
+                 '%I.idemhost_claim_all(text, text, text[], text, text)', current_schema())) \
                  IS NOT NULL \
              FROM idemhost_key k",
         )
@@ -211,6 +251,8 @@ impl Wall {
             (true, false) => ClearForm::Function,
             (false, false) => ClearForm::Statements,
         };
+        // A group's claim with its seal (migration 0014; see `Wall::sealed`).
+        let sealed: bool = row.try_get(5)?;
         let s = quote_ident(&schema);
         // The host's settings of a delivery's transaction, as (name, value); a group's adds its
         // lock timeout. `synchronous_commit` is one of a fixed set of words; quoted all the same.
@@ -249,28 +291,83 @@ impl Wall {
             ),
         ];
         let begin = format!("BEGIN ISOLATION LEVEL {} READ WRITE", isolation.sql());
-        let begin_sql = format!("{begin}; {}", set_local(&locals));
+        let opening = begin_statements(&begin, &locals);
         if let Some(t) = group_lock_timeout {
             locals.push(("lock_timeout", t.as_millis().max(1).to_string()));
         }
-        let begin_group_sql = format!("{begin}; {}", set_local(&locals));
+        let group_opening = begin_statements(&begin, &locals);
         // Inside the transaction: `RESET ALL` and the settings after it are the transaction's
         // until it ends (a LISTEN, effective only at COMMIT, is undone by the clearing before
         // it). The row says whether prepared statements are left or the transaction was made
         // read-only.
         let between_sql = clear(&locals, true);
+        // The clearing as statements sent ahead (see `Wall::between_statements`). On a schema
+        // without the clearing function the commit cannot check for prepared statements, so
+        // the statements do.
+        let prepared_left = if form == ClearForm::Statements {
+            format!(" OR {PREPARED_LEFT}")
+        } else {
+            String::new()
+        };
+        let set: String = locals
+            .iter()
+            .map(|(name, value)| format!(", pg_catalog.set_config('{name}', '{value}', true)"))
+            .collect();
+        let between_statements: Vec<String> = SESSION_CLEAR
+            .split("; ")
+            .map(str::to_string)
+            .chain(std::iter::once(format!(
+                "SELECT pg_catalog.current_setting('transaction_read_only')::pg_catalog.bool\
+                 {prepared_left}, pg_catalog.pg_advisory_unlock_all(){set}"
+            )))
+            .collect();
+        // A group's commit fails (22P02, naming the cause) when the clearing finds SQL-level
+        // prepared statements in the session: `SELECT CASE WHEN <clearing> THEN <error> END;
+        // COMMIT` (`pg_backend_pid()` keeps the planner from folding the failing cast before the
+        // condition).
+        let group_commit_sql = if form == ClearForm::Statements {
+            commit_sql.clone()
+        } else {
+            let open = |sql: &str| sql.replacen("SELECT ", "SELECT CASE WHEN ", 1);
+            let close = |sql: &str| {
+                sql.replacen(
+                    "; COMMIT",
+                    " THEN ('idemhost: a plugin left prepared statements in the session; the \
+                     group runs again one delivery per transaction, backend ' \
+                     OPERATOR(pg_catalog.||) pg_catalog.pg_backend_pid()::pg_catalog.text)\
+                     ::pg_catalog.int4 END; COMMIT",
+                    1,
+                )
+            };
+            super::CommitSql {
+                plain: close(&open(&commit_sql.plain)),
+                around_claim: commit_sql
+                    .around_claim
+                    .as_ref()
+                    .map(|(before, after)| (open(before), close(after))),
+            }
+        };
         Ok(Wall {
             key,
             claim_sql: format!(
                 "SELECT {s}.idemhost_claim($1, $2, $3, $4), pg_catalog.pg_backend_pid(), {}",
                 super::CURRENT_XID
             ),
-            claim_all_sql: format!("SELECT {s}.idemhost_claim_all($1, $2, $3, $4)"),
+            claim_all_sql: if sealed {
+                format!("SELECT {s}.idemhost_claim_all($1, $2, $3, $4, $5)")
+            } else {
+                format!("SELECT {s}.idemhost_claim_all($1, $2, $3, $4)")
+            },
+            sealed,
             outbox_sql: format!("SELECT {s}.idemhost_outbox_insert($1, $2, $3, $4, $5, $6, $7)"),
             commit_sql,
-            begin_sql,
-            begin_group_sql,
+            begin_sql: opening.join("; "),
+            begin_group_sql: group_opening.join("; "),
+            begin_statements: opening,
+            begin_group_statements: group_opening,
             between_sql,
+            between_statements,
+            group_commit_sql,
             rollback_sql,
             grants: Default::default(),
         })

@@ -146,16 +146,21 @@ async fn provision_role_once(
          {s}.idemhost_outbox_insert(text, text, text, integer, text, jsonb, bytea), \
          {s}.idemhost_session_clear(text[], text[], boolean)"
     );
-    // The clearing that checks the claim (migration 0012), where the schema has it: a host run
-    // with `--no-migrate` on an older schema clears with the three-argument form.
-    let checking_clear = format!("{s}.idemhost_session_clear(text[], text[], boolean, text)");
-    let has_checking_clear: bool = sqlx::query_scalar("SELECT to_regprocedure($1) IS NOT NULL")
-        .bind(&checking_clear)
-        .fetch_one(&mut *tx)
-        .await?;
-    if has_checking_clear {
-        functions.push_str(", ");
-        functions.push_str(&checking_clear);
+    // Functions of later migrations, where the schema has them (a host run with `--no-migrate`
+    // on an older schema uses the older forms): the clearing that checks the claim (0012), the
+    // group's claim with its seal (0014).
+    for later in [
+        format!("{s}.idemhost_session_clear(text[], text[], boolean, text)"),
+        format!("{s}.idemhost_claim_all(text, text, text[], text, text)"),
+    ] {
+        let there: bool = sqlx::query_scalar("SELECT to_regprocedure($1) IS NOT NULL")
+            .bind(&later)
+            .fetch_one(&mut *tx)
+            .await?;
+        if there {
+            functions.push_str(", ");
+            functions.push_str(&later);
+        }
     }
     let mut grants = vec![
         format!("GRANT USAGE ON SCHEMA {s} TO {r}"),
@@ -191,7 +196,14 @@ async fn provision_role_once(
         } else {
             "TABLE"
         };
-        grants.push(format!("REVOKE ALL ON {kind} {s}.{relation} FROM {r}"));
+        // One a later migration than the schema's makes is not there yet.
+        let there: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(format!("{s}.{relation}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        if there {
+            grants.push(format!("REVOKE ALL ON {kind} {s}.{relation} FROM {r}"));
+        }
     }
     // The host may then stop a plugin's statement on the server at its deadline.
     let member: bool = if exists {
@@ -391,10 +403,11 @@ async fn unsafe_reason(
             "SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER"
         };
         let check = if relation.ends_with("_seq") {
-            "SELECT has_sequence_privilege($1, $2::regclass::oid, $3)"
+            "SELECT COALESCE(has_sequence_privilege($1, to_regclass($2)::oid, $3), false)"
         } else {
-            "SELECT has_table_privilege($1, $2::regclass::oid, $3) \
-                 OR has_any_column_privilege($1, $2::regclass::oid, 'SELECT, INSERT, UPDATE, REFERENCES')"
+            // A relation of a later migration than the schema's is not there (NULL: false).
+            "SELECT COALESCE(has_table_privilege($1, to_regclass($2)::oid, $3) \
+                 OR has_any_column_privilege($1, to_regclass($2)::oid, 'SELECT, INSERT, UPDATE, REFERENCES'), false)"
         };
         let privileged: bool = sqlx::query_scalar(check)
             .bind(role)

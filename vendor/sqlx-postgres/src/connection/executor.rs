@@ -209,6 +209,17 @@ impl PgConnection {
         // before we continue, wait until we are "ready" to accept more queries
         self.wait_until_ready().await?;
 
+        // idemhost: statements queued with `send_ahead` go in this statement's Sync when it is
+        // a prepared one already cached (no Parse round trip before its Bind); otherwise in a
+        // Sync of their own, now.
+        let pipelined = arguments.is_some()
+            && persistent
+            && self.inner.cache_statement.contains_key(sql);
+        if !pipelined {
+            self.flush_ahead().await?;
+        }
+        let mut ahead_left = 0usize;
+
         let mut metadata: Arc<PgStatementMetadata>;
 
         let format = if let Some(mut arguments) = arguments {
@@ -238,6 +249,9 @@ impl PgConnection {
 
             // consume messages till `ReadyForQuery` before bind and execute
             self.wait_until_ready().await?;
+
+            // idemhost: the statements sent ahead, before this one's Bind, in its Sync
+            ahead_left = self.write_ahead()?;
 
             // bind to attach the arguments to the statement and create a portal
             self.inner.stream.write_msg(Bind {
@@ -294,7 +308,15 @@ impl PgConnection {
 
         Ok(try_stream! {
             loop {
-                let message = self.inner.stream.recv().await?;
+                let message = match self.inner.stream.recv().await {
+                    Ok(message) => message,
+                    Err(e) => {
+                        // idemhost: an error while statements sent ahead were still running is
+                        // theirs (the server skips the rest up to the Sync).
+                        self.inner.ahead_failed = ahead_left > 0;
+                        Err(e)?
+                    }
+                };
 
                 match message.format {
                     BackendMessageFormat::BindComplete
@@ -311,6 +333,16 @@ impl PgConnection {
                     // exactly one of these messages: CommandComplete,
                     // EmptyQueryResponse (if the portal was created from an
                     // empty query string), ErrorResponse, or PortalSuspended"
+                    // idemhost: a statement sent ahead completed
+                    BackendMessageFormat::CommandComplete
+                    | BackendMessageFormat::EmptyQueryResponse if ahead_left > 0 => {
+                        ahead_left -= 1;
+                    }
+
+                    BackendMessageFormat::DataRow if ahead_left > 0 => {
+                        self.keep_ahead_row(message)?;
+                    }
+
                     BackendMessageFormat::CommandComplete => {
                         // a SQL command completed normally
                         let cc: CommandComplete = message.decode()?;

@@ -32,6 +32,9 @@ mod sasl;
 mod stream;
 mod tls;
 
+/// idemhost: how many texts of statements sent ahead a connection keeps prepared.
+const AHEAD_NAMED: usize = 32;
+
 /// A connection to a PostgreSQL database.
 ///
 /// See [`PgConnectOptions`] for connection URL reference.
@@ -70,6 +73,14 @@ pub struct PgConnectionInner {
 
     // number of ReadyForQuery messages that we are currently expecting
     pub(crate) pending_ready_for_query_count: usize,
+
+    // idemhost: statements sent ahead of the next prepared statement's execution, in its Sync
+    // (see `PgConnection::send_ahead`), and the rows they returned (text, first column)
+    pub(crate) ahead: Vec<String>,
+    pub(crate) ahead_rows: Vec<Option<Vec<u8>>>,
+    pub(crate) ahead_failed: bool,
+    // the statements sent ahead, prepared on the session under these names
+    pub(crate) ahead_names: HashMap<String, StatementId>,
 
     // current transaction status
     transaction_status: TransactionStatus,
@@ -144,6 +155,127 @@ impl PgConnection {
     /// open on this session (`I`): a statement sent now would run in a transaction of its own.
     pub fn transaction_idle(&self) -> bool {
         matches!(self.inner.transaction_status, TransactionStatus::Idle)
+    }
+
+    /// idemhost: sends `sql` (no parameters) ahead of the next statement this connection runs,
+    /// without a round trip of its own: when that statement is a prepared one already cached,
+    /// as Bind/Execute messages (and a Parse the first time: see `write_ahead`) in the same
+    /// Sync as its Bind and Execute (a
+    /// failure of `sql` fails that statement, which the server then skips); otherwise in a
+    /// Sync of its own just before it. What `sql` returned, the first column of each row as
+    /// text, is kept for [`PgConnection::take_ahead_rows`].
+    pub fn send_ahead(&mut self, sql: impl Into<String>) {
+        self.inner.ahead.push(sql.into());
+    }
+
+    /// idemhost: drops the statements [`PgConnection::send_ahead`] queued and not sent yet.
+    pub fn discard_ahead(&mut self) {
+        self.inner.ahead.clear();
+    }
+
+    /// idemhost: whether statements queued with [`PgConnection::send_ahead`] are still unsent.
+    pub fn has_ahead(&self) -> bool {
+        !self.inner.ahead.is_empty()
+    }
+
+    /// idemhost: the first column (text; `None`: NULL) of each row the statements sent ahead
+    /// returned since the last call.
+    pub fn take_ahead_rows(&mut self) -> Vec<Option<Vec<u8>>> {
+        std::mem::take(&mut self.inner.ahead_rows)
+    }
+
+    /// idemhost: whether the last error came from a statement sent ahead (the statement behind
+    /// it was then skipped by the server); reset by the call.
+    pub fn ahead_failed(&mut self) -> bool {
+        std::mem::take(&mut self.inner.ahead_failed)
+    }
+
+    /// idemhost: writes the queued statements ahead (text results, the unnamed portal): each
+    /// prepared under a name of its own the first time (up to [`AHEAD_NAMED`] texts per
+    /// connection; past them unnamed, parsed every time), then bound and executed; how many
+    /// were written.
+    pub(crate) fn write_ahead(&mut self) -> Result<usize, Error> {
+        use crate::io::PortalId;
+        use crate::message::{Bind, Execute, Parse};
+        let ahead = std::mem::take(&mut self.inner.ahead);
+        for sql in &ahead {
+            let statement = match self.inner.ahead_names.get(sql) {
+                Some(id) => *id,
+                None => {
+                    let id = if self.inner.ahead_names.len() < AHEAD_NAMED {
+                        let id = self.inner.next_statement_id;
+                        self.inner.next_statement_id = id.next();
+                        self.inner.ahead_names.insert(sql.clone(), id);
+                        id
+                    } else {
+                        StatementId::UNNAMED
+                    };
+                    self.inner.stream.write_msg(Parse {
+                        statement: id,
+                        query: sql,
+                        param_types: &[],
+                    })?;
+                    id
+                }
+            };
+            self.inner.stream.write_msg(Bind {
+                portal: PortalId::UNNAMED,
+                statement,
+                formats: &[],
+                num_params: 0,
+                params: &[],
+                result_formats: &[],
+            })?;
+            self.inner.stream.write_msg(Execute {
+                portal: PortalId::UNNAMED,
+                limit: 0,
+            })?;
+        }
+        Ok(ahead.len())
+    }
+
+    /// idemhost: keeps a row a statement sent ahead returned.
+    pub(crate) fn keep_ahead_row(&mut self, message: ReceivedMessage) -> Result<(), Error> {
+        let row: crate::message::DataRow = message.decode()?;
+        let first = if row.values.is_empty() {
+            None
+        } else {
+            row.get(0).map(<[u8]>::to_vec)
+        };
+        self.inner.ahead_rows.push(first);
+        Ok(())
+    }
+
+    /// idemhost: sends the queued statements ahead in a Sync of their own and reads their
+    /// results (the first error, if any, is returned once the server is ready again).
+    pub(crate) async fn flush_ahead(&mut self) -> Result<(), Error> {
+        if self.inner.ahead.is_empty() {
+            return Ok(());
+        }
+        self.wait_until_ready().await?;
+        self.write_ahead()?;
+        self.write_sync();
+        self.inner.stream.flush().await?;
+        let mut failed = None;
+        loop {
+            match self.inner.stream.recv().await {
+                Ok(message) => match message.format {
+                    BackendMessageFormat::DataRow => self.keep_ahead_row(message)?,
+                    BackendMessageFormat::ReadyForQuery => {
+                        self.handle_ready_for_query(message)?;
+                        break;
+                    }
+                    _ => {}
+                },
+                // An error: the server skips to the Sync; its ReadyForQuery follows.
+                Err(e @ Error::Database(_)) => {
+                    self.inner.ahead_failed = true;
+                    failed.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     pub(crate) fn in_transaction(&self) -> bool {
