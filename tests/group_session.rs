@@ -587,3 +587,79 @@ async fn a_plugin_commit_does_not_commit_its_groups_later_claims() {
     }
     env.cleanup().await;
 }
+
+/// The clearing between a group's handlers is statements prepared once per session. A plugin
+/// (gate off) can replace one with its own under the same name (`DEALLOCATE` + `PREPARE`): one
+/// that does nothing, so the next handler sees the last one's settings, deallocated again
+/// before the commit so that the commit finds no prepared statement of its; or one that returns
+/// rows without end, for the host to keep (found by review). The commit checks that every one
+/// of them is there as the host prepared it, and the host keeps a few small rows of them at
+/// most: nothing a handler saw of another's session is committed, and each applies once.
+#[tokio::test]
+async fn a_plugin_cannot_replace_the_groups_clearing() {
+    let (env, plugin, c) = ungated("group_replace").await;
+    let plain = r#"{"steps":[{"execute":"UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"}]}"#;
+    // Every statement the host prepared that is one of the clearing's, replaced.
+    let replace = |with: &str| {
+        format!(
+            "DO $$ DECLARE r record; BEGIN \
+             FOR r IN SELECT name FROM pg_prepared_statements WHERE NOT from_sql \
+               AND (statement IN ('RESET ALL', 'DISCARD TEMP', 'CLOSE ALL', 'UNLISTEN *') \
+                    OR statement LIKE 'SELECT pg_catalog.current_setting(''transaction_read_only'')%') LOOP \
+               EXECUTE format('DEALLOCATE %I', r.name); \
+               EXECUTE format('PREPARE %I AS {with}', r.name); \
+             END LOOP; END $$"
+        )
+    };
+    let hide = "DO $$ DECLARE r record; BEGIN \
+        FOR r IN SELECT name FROM pg_prepared_statements WHERE from_sql LOOP \
+          EXECUTE format('DEALLOCATE %I', r.name); END LOOP; END $$";
+    let record = serde_json::json!({"steps": [
+        {"execute": "UPDATE inventory SET reserved = reserved + 100 \
+            + 1000 * (current_setting('work_mem') = '1MB')::int WHERE sku = 'sku-1'"},
+        {"execute": hide}
+    ]})
+    .to_string();
+    let mut expected = 0;
+    for (round, with) in [
+        "SELECT false",
+        "SELECT false",
+        "SELECT repeat(''x'', 100000) FROM generate_series(1, 1000)",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // A group first, so that the clearing's statements are prepared on the session.
+        let warm: Vec<_> = (0..2)
+            .map(|i| message(&format!("warm-{round}-{i}"), plain))
+            .collect();
+        let results = c.process_batch(plugin.as_ref(), &warm).await;
+        assert!(
+            results.iter().all(|p| p.outcome == Outcome::Applied),
+            "{results:?}"
+        );
+        expected += 2;
+        let leave = serde_json::json!({"steps": [
+            {"execute": "UPDATE inventory SET reserved = reserved + 1 WHERE sku = 'sku-1'"},
+            {"query": "SELECT set_config('work_mem', '1MB', false)"},
+            {"execute": replace(with)}
+        ]})
+        .to_string();
+        let group = [
+            message(&format!("leave-{round}"), &leave),
+            message(&format!("record-{round}"), &record),
+        ];
+        let results = c.process_batch(plugin.as_ref(), &group).await;
+        assert!(
+            results.iter().all(|p| p.outcome == Outcome::Applied),
+            "{with}: {results:?}"
+        );
+        expected += 101;
+        assert_eq!(
+            env.reserved("sku-1").await,
+            expected,
+            "{with}: each applied once, and no committed handler saw work_mem = 1MB"
+        );
+    }
+    env.cleanup().await;
+}

@@ -193,6 +193,9 @@ impl Claimer {
                 return Err(Stop::Batch(left_in_session()));
             }
             if let Some(failure) = failure.as_ref().filter(|_| clearing_failed) {
+                // Its statements are prepared once per session: one a plugin deallocated would
+                // fail every clearing on this connection.
+                tx.close_at_end();
                 let reason = format!(
                     "failed to clear the session between deliveries: {}",
                     failure.reason

@@ -582,15 +582,42 @@ impl Tx {
             return self.end(&commit.plain).await;
         };
         let statement = self.commit_statement(commit, xid.as_deref().unwrap_or(""))?;
-        // The seal, named after the clearing (whose `RESET ALL` would undo it), just before the
-        // COMMIT; hexadecimal digits of the host's own.
-        let statement = match (&self.seal, statement.strip_suffix("COMMIT")) {
-            (Some(seal), Some(head)) => {
-                format!("{head}SET LOCAL idemhost.seal = '{seal}'; COMMIT")
+        let Some(seal) = &self.seal else {
+            return self.end(&statement).await;
+        };
+        // A group's commit. The seal, named after the clearing (whose `RESET ALL` would undo
+        // it), just before the COMMIT; hexadecimal digits of the host's own.
+        let statement = match statement.strip_suffix("COMMIT") {
+            Some(head) => format!("{head}SET LOCAL idemhost.seal = '{seal}'; COMMIT"),
+            None => statement,
+        };
+        // The group's clearings were statements prepared once per session: a plugin that
+        // replaced one with its own (gate off) and deallocated that again before the commit,
+        // so that the commit's look for prepared statements found none, left one of them
+        // missing. The commit fails unless every one is there as the host prepared it (a
+        // plugin cannot prepare a statement the protocol's way).
+        let names = self.ahead_names();
+        let statement = match statement.strip_prefix("SELECT CASE WHEN ") {
+            Some(rest) if !names.is_empty() => {
+                let listed: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+                format!(
+                    "SELECT CASE WHEN (SELECT pg_catalog.count(*) FROM \
+                     pg_catalog.pg_prepared_statement() AS p WHERE NOT p.from_sql AND p.name \
+                     OPERATOR(pg_catalog.=) ANY (ARRAY[{}]::pg_catalog.text[])) \
+                     OPERATOR(pg_catalog.<>) {} OR {rest}",
+                    listed.join(", "),
+                    names.len()
+                )
             }
             _ => statement,
         };
         self.end(&statement).await
+    }
+
+    /// Closes the connection when the transaction ends, instead of keeping it: a statement the
+    /// host sent ahead failed (see `claim::batch`).
+    pub(crate) fn close_at_end(&mut self) {
+        self.session_failed = true;
     }
 
     /// Records the group's seal (see `Wall::sealed`).
@@ -675,8 +702,14 @@ impl Tx {
     /// delivery is not acked.
     async fn end(mut self, statement: &str) -> Result<(), sqlx::Error> {
         // A clearing queued ahead of a statement that never came: the end clears the session
-        // itself.
+        // itself. What one sent ahead left to read goes too, so that nothing of this
+        // transaction is read in the connection's next one.
         self.discard_ahead();
+        self.take_ahead_rows();
+        self.ahead_failed();
+        // A statement sent ahead that returned more than the host's do was replaced by a
+        // plugin's (gate off): the session is not reused.
+        self.session_failed |= self.ahead_overflowed();
         let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
             .fetch_all(&mut *self)
             .await?;

@@ -147,6 +147,7 @@ impl PgConnection {
                 ahead_rows: Vec::new(),
                 ahead_failed: false,
                 ahead_names: HashMap::default(),
+                ahead_overflow: false,
                 next_statement_id: StatementId::NAMED_START,
                 cache_statement: StatementCache::new(options.statement_cache_capacity),
                 cache_type_oid: HashMap::new(),

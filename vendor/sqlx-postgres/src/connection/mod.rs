@@ -35,6 +35,12 @@ mod tls;
 /// idemhost: how many texts of statements sent ahead a connection keeps prepared.
 const AHEAD_NAMED: usize = 32;
 
+/// idemhost: the most rows statements sent ahead may return between two reads of them.
+const AHEAD_ROWS: usize = 8;
+
+/// idemhost: the largest row a statement sent ahead may return.
+const AHEAD_ROW_BYTES: usize = 1024;
+
 /// A connection to a PostgreSQL database.
 ///
 /// See [`PgConnectOptions`] for connection URL reference.
@@ -81,6 +87,7 @@ pub struct PgConnectionInner {
     pub(crate) ahead_failed: bool,
     // the statements sent ahead, prepared on the session under these names
     pub(crate) ahead_names: HashMap<String, StatementId>,
+    pub(crate) ahead_overflow: bool,
 
     // current transaction status
     transaction_status: TransactionStatus,
@@ -184,6 +191,23 @@ impl PgConnection {
         std::mem::take(&mut self.inner.ahead_rows)
     }
 
+    /// idemhost: whether a statement sent ahead returned more than the host's do (see
+    /// `keep_ahead_row`): the connection should be closed, not reused.
+    pub fn ahead_overflowed(&self) -> bool {
+        self.inner.ahead_overflow
+    }
+
+    /// idemhost: the names under which the statements sent ahead are prepared on the session
+    /// (a plugin that deallocated one, or prepared its own under the name, shows in
+    /// `pg_prepared_statements`).
+    pub fn ahead_names(&self) -> Vec<String> {
+        self.inner
+            .ahead_names
+            .values()
+            .filter_map(|id| id.display().map(|d| d.to_string()))
+            .collect()
+    }
+
     /// idemhost: whether the last error came from a statement sent ahead (the statement behind
     /// it was then skipped by the server); reset by the call.
     pub fn ahead_failed(&mut self) -> bool {
@@ -234,8 +258,18 @@ impl PgConnection {
         Ok(ahead.len())
     }
 
-    /// idemhost: keeps a row a statement sent ahead returned.
+    /// idemhost: keeps a row a statement sent ahead returned: at most [`AHEAD_ROWS`] rows of
+    /// [`AHEAD_ROW_BYTES`] each (the host's statements return one small row). Past either, the
+    /// statement is not the one the host sent (a plugin replaced a prepared statement under
+    /// its name): the statement fails, and [`PgConnection::ahead_overflowed`] says so.
     pub(crate) fn keep_ahead_row(&mut self, message: ReceivedMessage) -> Result<(), Error> {
+        if self.inner.ahead_rows.len() >= AHEAD_ROWS || message.contents.len() > AHEAD_ROW_BYTES {
+            self.inner.ahead_overflow = true;
+            self.inner.ahead_failed = true;
+            return Err(err_protocol!(
+                "a statement sent ahead returned more than the host's statements return"
+            ));
+        }
         let row: crate::message::DataRow = message.decode()?;
         let first = if row.values.is_empty() {
             None
