@@ -170,7 +170,7 @@ impl Claimer {
             }
             // A handler ran before this one in the transaction: the session is cleared before
             // this one's first statement, in that statement's round trip (see
-            // `Wall::between_sql`). Queued once: a handler that sent nothing leaves it queued
+            // `Wall::between_statements`). Queued once: a handler that sent nothing leaves it queued
             // for the next one, and the commit clears the session itself.
             if std::mem::replace(&mut handled, true) && !tx.has_ahead() {
                 for statement in &wall.between_statements {
@@ -215,7 +215,6 @@ impl Claimer {
                     _ => Stop::Message(index, Part::failed(failure, timing)),
                 });
             }
-
             parts.push(Part::done(Outcome::Applied, timing));
         }
         failpoint::hit("before_commit");

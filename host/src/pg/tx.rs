@@ -394,7 +394,7 @@ pub(crate) fn last_flag(rows: &[PgRow]) -> bool {
 /// read with the claim, checked again at the commit ([`Tx::claimed_in`]).
 pub(crate) const CURRENT_XID: &str = "pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text";
 
-/// Why a transaction did not begin (see [`Connections::begin_then`]).
+/// Why a transaction did not begin (see [`Connections::take`] and `claim::begin_then!`).
 pub(crate) enum Begin {
     /// No connection, or the server refused the `BEGIN` (the connection is closed).
     Refused(sqlx::Error),
