@@ -20,6 +20,7 @@ mod ops;
 mod plugin;
 mod plugin_dev;
 mod plugin_new;
+mod plugin_repro;
 mod plugin_test;
 use idemhost::{Host, RunOptions};
 

@@ -168,7 +168,8 @@ fn fingerprint(dir: &Path) -> anyhow::Result<Vec<(PathBuf, u64, SystemTime)>> {
                 if !NOT_SOURCES.contains(&name.as_ref()) {
                     pending.push(entry.path());
                 }
-            } else if name != OUTPUT {
+            } else if name != OUTPUT && !name.starts_with('.') {
+                // (A build's `.plugin.wasm.partial` is hidden: not a change to build again.)
                 let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
                 files.push((entry.path(), meta.len(), modified));
                 anyhow::ensure!(

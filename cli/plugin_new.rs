@@ -100,8 +100,15 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<String> {
             let source = RUST_TEMPLATE.replace("path: \"../../../wit\"", "path: \"wit\"");
             files.push(("src/lib.rs".into(), source.into_bytes()));
         }
-        Lang::Python => files.push(("app.py".into(), PY_TEMPLATE.into())),
-        Lang::Js => files.push(("handler.js".into(), JS_TEMPLATE.into())),
+        Lang::Python | Lang::Js => {
+            let (source, template) = match lang {
+                Lang::Python => ("app.py", PY_TEMPLATE),
+                _ => ("handler.js", JS_TEMPLATE),
+            };
+            files.push((source.into(), template.into()));
+            let seed = super::plugin_repro::new_seed()?;
+            files.push((super::plugin_repro::SEED_FILE.into(), seed.into_bytes()));
+        }
         Lang::C => {
             files.push(("handler.c".into(), C_TEMPLATE.into()));
             files.extend(C_FILES.iter().map(|(p, b)| (p.to_string(), b.to_vec())));
@@ -222,27 +229,31 @@ pub fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     let out = dir.join(OUTPUT);
     match lang {
         Lang::Rust => build_rust(dir, &out)?,
-        Lang::Python => {
-            let py = python_tools()?;
-            run(Command::new(py.join("bin/componentize-py"))
-                .args(["-d", "wit", "-w", "handler", "componentize", "--stub-wasi"])
-                .args(["-p", ".", "app", "-o", OUTPUT])
-                .current_dir(dir))?;
-        }
-        Lang::Js => {
-            let js = js_tools()?;
-            run(Command::new(js.join("node_modules/.bin/componentize-js"))
-                .args([
+        Lang::Python | Lang::Js => {
+            // Run from the directory plugin_repro stages the sources in (a fixed path).
+            let (program, mut args, node) = if lang == Lang::Python {
+                let py = python_tools()?.join("bin/componentize-py");
+                let args = ["-d", "wit", "-w", "handler", "componentize", "--stub-wasi"];
+                (py, [&args[..], &["-p", ".", "app"]].concat(), false)
+            } else {
+                let js = js_tools()?.join("node_modules/.bin/componentize-js");
+                let args = [
                     "handler.js",
                     "--wit",
                     "wit",
                     "--world-name",
                     "handler",
                     "-d",
-                ])
-                .args(JS_DISABLED)
-                .args(["-o", OUTPUT])
-                .current_dir(dir))?;
+                ];
+                (js, [&args[..], &JS_DISABLED].concat(), true)
+            };
+            args.extend(["-o", OUTPUT]);
+            let step = |at: &Path| {
+                let mut step = Command::new(&program);
+                step.args(&args).current_dir(at);
+                step
+            };
+            super::plugin_repro::build(dir, OUTPUT, node, step, run_named)?;
         }
         Lang::C => build_c(dir)?,
     }
@@ -364,7 +375,7 @@ fn build_c(dir: &Path) -> anyhow::Result<()> {
 /// `$XDG_CACHE_HOME/idemhost/toolchain`, else `~/.cache/idemhost/toolchain`. Its `py/` has the
 /// layout of this repository's `.cache/toolchain/py`, so pointing the variable there reuses
 /// what `scripts/build-plugins.sh` installed.
-fn toolchain_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn toolchain_dir() -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("IDEMHOST_TOOLCHAIN_DIR").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(dir));
     }
@@ -463,6 +474,12 @@ fn js_tools() -> anyhow::Result<PathBuf> {
 /// when the step fails (its last [`SHOWN_LINES`] lines: the language's own error).
 fn run(command: &mut Command) -> anyhow::Result<()> {
     let program = command.get_program().to_string_lossy().into_owned();
+    run_named(command, &program)
+}
+
+/// [`run`], naming the step `program` (a step run under another program, such as the tracer
+/// of a pinned build, is named for what it runs).
+fn run_named(command: &mut Command, program: &str) -> anyhow::Result<()> {
     command
         .env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Measures what makes Python and JavaScript plugin builds reproducible (docs/writing-plugins.md,
-# "Reproducible builds"; not part of `plugin build` yet). Builds plugins/inventory-py and
-# plugins/inventory-js twice each as plain builds, then twice each pinned: from a copy of the
+# Compares plain and pinned Python and JavaScript plugin builds (docs/writing-plugins.md,
+# "Reproducible builds"; `plugin build` pins them the same way, cli/plugin_repro.rs). Builds
+# plugins/inventory-py and plugins/inventory-js twice each as plain builds, then twice each pinned: from a copy of the
 # project at a fixed path (/tmp/idemhost-repro/stage) whose files get a different time per build,
 # TMPDIR inside it, under pin.c (LD_PRELOAD: getrandom, clocks), tracer.c (file status under the
 # build directory, wall clock, vDSO hidden) and, for JavaScript, pin.mjs (Math.random). Prints
@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
-here=$repo/scripts/repro-builds
+here=$repo/cli/repro
 work=/tmp/idemhost-repro
 py=$repo/.cache/toolchain/py/bin/componentize-py
 js=$repo/.cache/toolchain/js/node_modules/.bin/componentize-js
@@ -42,7 +42,7 @@ run() { # label lang kind time
   if [ "$kind" = plain ]; then
     "${lang}_build" env >"$work/$label.log" 2>&1 || { cat "$work/$label.log" >&2; exit 1; }
   else
-    "${lang}_build" env TMPDIR="$work/tmp" VIRTUAL_ENV="$work/venv" PIN_UNDER="$work/" \
+    "${lang}_build" env TMPDIR="$work/tmp" IDEMHOST_BUILD_SEED="${SEED:-0123456789abcdef}" VIRTUAL_ENV="$work/venv" PIN_UNDER="$work/" \
       NODE_OPTIONS="--import $work/bin/pin.mjs" LD_PRELOAD="$work/bin/pin.so" "$work/bin/tracer" \
       >"$work/$label.log" 2>&1 || { cat "$work/$label.log" >&2; exit 1; }
   fi

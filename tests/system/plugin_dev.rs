@@ -306,15 +306,22 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
                     .arg(dir),
             )
         };
+        if matches!(lang, "python" | "js") {
+            let seed = std::fs::read_to_string(project.join("build-seed")).unwrap();
+            assert!(
+                seed.trim().len() == 16 && seed.trim().bytes().all(|b| b.is_ascii_hexdigit()),
+                "{lang}: build-seed {seed:?}"
+            );
+        }
         let built = build(&project);
         // build-plugins.sh installed each toolchain where plugin build looks for it: nothing
         // is installed again (offline, under unshare -n, an install would need a registry).
         let said = String::from_utf8_lossy(&built.stderr);
         assert!(!said.contains("== installing"), "{lang}: {said}");
-        if matches!(lang, "rust" | "c") {
+        {
             // Reproducible: the same source in another directory, with other file times,
-            // builds the same bytes. (Python's and
-            // JavaScript's toolchains snapshot a running interpreter: docs/writing-plugins.md.)
+            // builds the same bytes, in every language. (Python's and JavaScript's toolchains
+            // snapshot a running interpreter: they build pinned, from the project's seed.)
             let copy = dir.join(format!("{name}-copy"));
             run_ok(Command::new("cp").arg("-r").arg(&project).arg(&copy));
             run_ok(Command::new("find").arg(&copy).args([
@@ -354,6 +361,17 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
                     == std::fs::read(copy.join("plugin.wasm")).unwrap(),
                 "{lang}: two builds of the same source differ"
             );
+            if lang == "python" {
+                // The seed is what the interpreter's random bytes (its string-hash key among
+                // them) come from: another seed, other bytes.
+                std::fs::write(copy.join("build-seed"), "0123456789abcdef\n").unwrap();
+                build(&copy);
+                assert!(
+                    std::fs::read(project.join("plugin.wasm")).unwrap()
+                        != std::fs::read(copy.join("plugin.wasm")).unwrap(),
+                    "{lang}: another seed built the same bytes"
+                );
+            }
         }
         // The project's table in the test's schema, and its config pointed there.
         project_table(&env, &project, &name).await;

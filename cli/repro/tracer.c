@@ -1,12 +1,15 @@
-/* A tracer for scripts/repro-builds/measure.sh (a measurement, not part of idemhost): runs a
- * program with a seccomp filter that stops only the stat calls (statx, newfstatat, fstat, stat,
- * lstat), getrandom and the wall clock,
- * and at each stop's end pins what the program reads: the times and inode numbers of files under
- * $PIN_UNDER (componentize-py's WASI layer reads them with raw system calls), a fixed byte stream
- * for getrandom, a fixed wall clock. At each exec it hides the vDSO (AT_SYSINFO_EHDR becomes
- * AT_IGNORE) so that clock reads are system calls the filter sees (monotonic ones pass unstopped)
- * and fixes the 16 bytes AT_RANDOM points to. Not covered: getdents64's inode numbers,
- * /proc/self/auxv. */
+/* The tracer `idemhost plugin build` runs the Python and JavaScript toolchains under
+ * (cli/plugin_repro.rs), beside pin.c, so that the same source and seed build the same bytes:
+ *   PIN_UNDER=/abs/dir/ IDEMHOST_BUILD_SEED=<16 hex digits> tracer program [args...]
+ * A seccomp filter stops the program only at the stat calls (statx, newfstatat, fstat, stat,
+ * lstat), getrandom and the wall clock; at each stop's end the tracer pins what the program
+ * reads: the times and inode numbers of files under $PIN_UNDER (componentize-py's WASI layer
+ * reads them with raw system calls, which a preloaded library cannot reach), getrandom's bytes
+ * (the k-th call of a thread gets the seed's k-th block), a fixed wall clock. At each exec it
+ * hides the vDSO (AT_SYSINFO_EHDR becomes AT_IGNORE) so that clock reads are system calls (the
+ * monotonic ones pass unstopped: pin.c counts them) and fixes the 16 bytes AT_RANDOM points to.
+ * Not covered: getdents64's inode numbers, /proc/self/auxv. x86_64 Linux only. Exits with the
+ * program's status. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/filter.h>
@@ -31,7 +34,8 @@
 #include <time.h>
 static const char *PFX;
 static uint64_t fnv(const char *s) { uint64_t h = 1469598103934665603ull; while (*s) { h ^= (unsigned char)*s++; h *= 1099511628211ull; } return h; }
-struct pend { pid_t tid; long nr; unsigned long a[6]; int seen; };
+struct pend { pid_t tid; long nr; unsigned long a[6]; int seen; uint64_t random_calls; };
+static uint64_t SEED;
 static struct pend pend[4096];
 static struct pend *slot(pid_t t) { for (int i = 0; i < 4096; i++) if (pend[i].tid == t) return &pend[i]; for (int i = 0; i < 4096; i++) if (!pend[i].tid) { memset(&pend[i], 0, sizeof pend[i]); pend[i].tid = t; return &pend[i]; } fprintf(stderr, "tracer: more than 4096 threads\n"); exit(3); }
 static int rd(pid_t t, unsigned long addr, void *buf, size_t n) { struct iovec l = {buf, n}, r = {(void *)addr, n}; return process_vm_readv(t, &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1; }
@@ -49,10 +53,15 @@ static int path_of(pid_t t, long dirfd, unsigned long p, char *out, size_t len) 
 }
 int main(int argc, char **argv) {
   PFX = getenv("PIN_UNDER");
+  if (getenv("IDEMHOST_BUILD_SEED")) SEED = strtoull(getenv("IDEMHOST_BUILD_SEED"), NULL, 16);
   if (argc < 2 || !PFX || PFX[0] != '/') { fprintf(stderr, "usage: PIN_UNDER=/abs/dir/ tracer program [args...]\n"); return 2; }
   pid_t child = fork();
   if (child == 0) {
-    ptrace(PTRACE_TRACEME, 0, 0, 0); raise(SIGSTOP);
+    if (ptrace(PTRACE_TRACEME, 0, 0, 0)) {
+      perror("tracer: ptrace (a reproducible build traces its toolchain; where tracing is not allowed, IDEMHOST_UNPINNED_BUILD=1 builds without)");
+      _exit(127);
+    }
+    raise(SIGSTOP);
     struct sock_filter f[] = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
@@ -75,13 +84,13 @@ int main(int argc, char **argv) {
     };
     struct sock_fprog prog = {sizeof f / sizeof f[0], f};
     prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) { perror("seccomp"); _exit(127); }
-    execvp(argv[1], argv + 1); perror("exec"); _exit(127);
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) { perror("tracer: seccomp (IDEMHOST_UNPINNED_BUILD=1 builds without)"); _exit(127); }
+    execvp(argv[1], argv + 1); fprintf(stderr, "tracer: cannot run %s: %s\n", argv[1], strerror(errno)); _exit(127);
   }
   int st; waitpid(child, &st, 0);
   ptrace(PTRACE_SETOPTIONS, child, 0, PTRACE_O_TRACESECCOMP | PTRACE_O_TRACECLONE | PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESYSGOOD | PTRACE_O_EXITKILL);
   ptrace(PTRACE_CONT, child, 0, 0);
-  int code = 0; long fixed = 0;
+  int code = 0;
   for (;;) {
     pid_t t = waitpid(-1, &st, __WALL);
     if (t < 0 && errno == EINTR) continue;
@@ -105,22 +114,22 @@ int main(int argc, char **argv) {
             struct statx sx; if (!rd(t, p->a[4], &sx, sizeof sx)) {
               sx.stx_atime.tv_sec = sx.stx_btime.tv_sec = sx.stx_ctime.tv_sec = sx.stx_mtime.tv_sec = 978307200;
               sx.stx_atime.tv_nsec = sx.stx_btime.tv_nsec = sx.stx_ctime.tv_nsec = sx.stx_mtime.tv_nsec = 0;
-              sx.stx_ino = fnv(path + strlen(PFX)) >> 16; wr(t, p->a[4], &sx, sizeof sx); fixed++; }
+              sx.stx_ino = fnv(path + strlen(PFX)) >> 16; wr(t, p->a[4], &sx, sizeof sx); }
           }
         } else if (p->nr == SYS_getrandom) {
-          /* The same stream from its start at every call (see pin.c). */
-          uint64_t st2 = 0x9E3779B97F4A7C15ull; unsigned char buf[4096];
+          /* The k-th call of this thread: the seed's k-th block (as pin.c). */
+          uint64_t st2 = SEED ^ ((++p->random_calls) * 0xD1B54A32D192ED03ull); unsigned char buf[4096];
           size_t n = (long)r.rax > 0 ? r.rax : 0;
           for (size_t done = 0; done < n; done += sizeof buf) {
             size_t k = n - done < sizeof buf ? n - done : sizeof buf;
             for (size_t i = 0; i < k; i += 8) { uint64_t z = (st2 += 0x9E3779B97F4A7C15ull); z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull; z ^= z >> 31; memcpy(buf + i, &z, k - i < 8 ? k - i : 8); }
             wr(t, p->a[0] + done, buf, k);
           }
-          fixed++;
+         
         } else if (p->nr == SYS_clock_gettime) {
-          struct timespec ts = {978307200, 0}; wr(t, p->a[1], &ts, sizeof ts); fixed++;
+          struct timespec ts = {978307200, 0}; wr(t, p->a[1], &ts, sizeof ts);
         } else if (p->nr == SYS_gettimeofday) {
-          if (p->a[0]) { struct timeval tv = {978307200, 0}; wr(t, p->a[0], &tv, sizeof tv); } fixed++;
+          if (p->a[0]) { struct timeval tv = {978307200, 0}; wr(t, p->a[0], &tv, sizeof tv); }
         } else if (p->nr == SYS_newfstatat || p->nr == SYS_fstat || p->nr == SYS_stat || p->nr == SYS_lstat) {
           int ok; unsigned long buf;
           if (p->nr == SYS_newfstatat) { ok = !path_of(t, p->a[0], p->a[1], path, sizeof path); buf = p->a[2]; }
@@ -129,7 +138,7 @@ int main(int argc, char **argv) {
           if (ok && !strncmp(path, PFX, strlen(PFX))) {
             struct stat s; if (!rd(t, buf, &s, sizeof s)) {
               s.st_atim.tv_sec = s.st_mtim.tv_sec = s.st_ctim.tv_sec = 978307200; s.st_atim.tv_nsec = s.st_mtim.tv_nsec = s.st_ctim.tv_nsec = 0;
-              s.st_ino = fnv(path + strlen(PFX)) >> 16; wr(t, buf, &s, sizeof s); fixed++; }
+              s.st_ino = fnv(path + strlen(PFX)) >> 16; wr(t, buf, &s, sizeof s); }
           }
         }
       }
@@ -143,7 +152,7 @@ int main(int argc, char **argv) {
       for (unsigned long a[2] = {1, 0}; a[0]; sp += 16) {
         if (rd(t, sp, a, 16)) break;
         if (a[0] == 33) { unsigned long ign = 1; wr(t, sp, &ign, 8); }              /* AT_SYSINFO_EHDR */
-        if (a[0] == 25) { unsigned char r16[16]; memset(r16, 0x5a, 16); wr(t, a[1], r16, 16); } /* AT_RANDOM */
+        if (a[0] == 25) { uint64_t r16[2] = {SEED ^ 0x5a5a5a5a5a5a5a5aull, ~SEED}; wr(t, a[1], r16, 16); } /* AT_RANDOM */
       }
       ptrace(PTRACE_CONT, t, 0, 0); continue;
     }
@@ -152,6 +161,5 @@ int main(int argc, char **argv) {
     if (ev == PTRACE_EVENT_STOP) { ptrace(PTRACE_CONT, t, 0, 0); continue; }
     ptrace(PTRACE_CONT, t, 0, sig);
   }
-  fprintf(stderr, "tracer: %ld stat results pinned\n", fixed);
   return code;
 }
