@@ -374,4 +374,54 @@ mod tests {
             );
         }
     }
+
+    /// Runs `python3 -c script` with the preloaded library and `seed`; its output, or None if
+    /// it had not ended after 20 s (then killed).
+    #[cfg(pinned_builds)]
+    fn pinned_python(script: &str, seed: &str) -> Option<String> {
+        let tools = tools().unwrap();
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .env("LD_PRELOAD", tools.join("pin.so"))
+            .env("IDEMHOST_BUILD_SEED", seed)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        Some(out)
+    }
+
+    /// Under the preloaded library, random bytes follow the seed (the same seed, the same
+    /// bytes; another seed, others; two calls, two blocks), the wall clock starts at 2001, and
+    /// an absolute sleep or a timed wait still ends (a monotonic start above the real clock
+    /// made both last for years).
+    #[cfg(pinned_builds)]
+    #[test]
+    fn pinned_random_follows_the_seed_and_waits_end() {
+        let script = "import os, time, threading\n\
+                      print(os.urandom(8).hex(), os.urandom(8).hex(), int(time.time()))\n\
+                      time.sleep(0.2)\n\
+                      c = threading.Condition()\n\
+                      with c: print(c.wait(timeout=0.2))";
+        let a = pinned_python(script, "0123456789abcdef").expect("a sleep or a wait never ended");
+        let b = pinned_python(script, "0123456789abcdef").expect("a sleep or a wait never ended");
+        let other = pinned_python(script, "fedcba9876543210").expect("never ended");
+        let words: Vec<&str> = a.split_whitespace().collect();
+        assert_eq!(words.len(), 4, "{a}");
+        assert_ne!(words[0], words[1], "two calls gave the same bytes: {a}");
+        assert_eq!(words[2], "978307200", "{a}");
+        assert_eq!(words[3], "False", "{a}");
+        assert_eq!(a, b);
+        assert_ne!(a.split_whitespace().next(), other.split_whitespace().next());
+    }
 }
