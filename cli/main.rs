@@ -19,6 +19,7 @@ pub use plugin::PluginCommand;
 mod ops;
 mod plugin;
 mod plugin_dev;
+mod plugin_diff;
 mod plugin_new;
 mod plugin_repro;
 mod plugin_test;
@@ -143,6 +144,12 @@ pub async fn execute(cli: Cli) -> anyhow::Result<u8> {
             // the terminal as the plugin wrote them.
             idemhost::telemetry::init_tracing_at(cli.log_format, "warn,idemhost::plugin=off");
             plugin_test::test(args).await
+        }
+        Command::Plugin {
+            command: PluginCommand::Diff(args),
+        } => {
+            idemhost::telemetry::init_tracing_at(cli.log_format, "warn,idemhost::plugin=off");
+            plugin_diff::diff(args).await
         }
         Command::Plugin {
             command: PluginCommand::Dev(args),

@@ -67,6 +67,11 @@ pub enum PluginCommand {
     /// it as `plugin test` does (rolled back), a few lines per sample; a build's output shows
     /// only when it fails (the language's own error). Until Ctrl-C, or once with `--once`.
     Dev(super::plugin_dev::DevArgs),
+    /// Run a candidate version beside the deployed one on the consumer's last messages (read
+    /// from its stream without touching its durable), each in a rolled-back transaction, and
+    /// show where their outcomes, statements, rows or outbox events differ. Exit status 0: no
+    /// message ran differently; 7: some did.
+    Diff(super::plugin_diff::DiffArgs),
     /// Show each consumer's current plugin version and history.
     List {
         /// Only this consumer (with `--store nats`).
@@ -197,7 +202,7 @@ pub async fn execute(command: PluginCommand) -> anyhow::Result<()> {
                 }
             }
         }
-        PluginCommand::Test(_) | PluginCommand::Dev(_) => {
+        PluginCommand::Test(_) | PluginCommand::Dev(_) | PluginCommand::Diff(_) => {
             unreachable!("handled by cli::execute: it has an exit status")
         }
         PluginCommand::New { lang, name, dir } => {

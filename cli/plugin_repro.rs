@@ -397,7 +397,12 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
         Some(out)
     }
 

@@ -134,7 +134,8 @@ async fn rehearse(
     args: &TestArgs,
     show: impl FnOnce(&Report) -> String,
 ) -> anyhow::Result<(u8, String)> {
-    let (config, consumer) = consumer_of(args)?;
+    let (config, consumer) =
+        consumer_of(args.config.as_deref(), args.consumer.as_deref(), &args.file)?;
     let payload = read_payload(&args.payload)?;
     let handler = load(&config, &consumer, &args.file)?;
     let msg = message(args, &consumer, payload);
@@ -176,17 +177,21 @@ async fn rehearse(
     Ok((report.exit_code(), show(&report)))
 }
 
-/// The configuration and the consumer to run as.
-fn consumer_of(args: &TestArgs) -> anyhow::Result<(Config, ConsumerConfig)> {
-    let config = match &args.config {
+/// The configuration (`config`, else the defaults with one consumer named after `file`) and
+/// the consumer to run as (`consumer`, else the config's only one).
+pub(super) fn consumer_of(
+    config: Option<&Path>,
+    consumer: Option<&str>,
+    file: &Path,
+) -> anyhow::Result<(Config, ConsumerConfig)> {
+    let config = match config {
         Some(path) => Config::load(path)?,
         None => {
             // The defaults plus one consumer named after the component, through the same
             // parsing and validation as a config file (and its environment overrides).
-            let name = match &args.consumer {
-                Some(n) => n.clone(),
-                None => args
-                    .file
+            let name = match consumer {
+                Some(n) => n.to_owned(),
+                None => file
                     .file_stem()
                     .map(|s| {
                         s.to_string_lossy()
@@ -215,11 +220,11 @@ fn consumer_of(args: &TestArgs) -> anyhow::Result<(Config, ConsumerConfig)> {
             )?
         }
     };
-    let consumer = match &args.consumer {
+    let consumer = match consumer {
         Some(name) => config
             .consumers
             .iter()
-            .find(|c| &c.name == name)
+            .find(|c| c.name == name)
             .with_context(|| {
                 format!(
                     "no consumer {name:?} in the config (it has: {})",
@@ -256,6 +261,18 @@ fn read_payload(source: &str) -> anyhow::Result<Vec<u8>> {
 
 /// Loads the component as the host would for this consumer: its limits, the compile cache.
 fn load(config: &Config, consumer: &ConsumerConfig, file: &Path) -> anyhow::Result<WasmHandler> {
+    let bytes =
+        std::fs::read(file).with_context(|| format!("failed to read {}", file.display()))?;
+    load_bytes(config, consumer, &bytes, file)
+}
+
+/// [`load`] of bytes; `origin` names them in errors.
+pub(super) fn load_bytes(
+    config: &Config,
+    consumer: &ConsumerConfig,
+    bytes: &[u8],
+    origin: &Path,
+) -> anyhow::Result<WasmHandler> {
     // The host sizes its instance pool by the largest `memory_limit`: this consumer's here.
     let mut runtime = PluginRuntime::with_pool(PoolSizing {
         // The host's smallest pool: a language runtime's component holds several core
@@ -271,7 +288,7 @@ fn load(config: &Config, consumer: &ConsumerConfig, file: &Path) -> anyhow::Resu
         timeout: consumer.handler_timeout.0,
         memory: consumer.memory_limit.0 as usize,
     };
-    Ok(runtime.load(file, limits)?)
+    Ok(runtime.load_bytes(bytes, origin, limits)?)
 }
 
 /// The message as a delivery of it would be read: the id from the same headers, by the same
@@ -316,7 +333,7 @@ fn message(
 }
 
 /// What happened to the message.
-enum Ran {
+pub(super) enum Ran {
     /// It went through claim, handler and the end of the transaction.
     Delivered(Processed),
     /// Refused before any transaction (a delivery of it would be dead-lettered at once).
@@ -341,21 +358,7 @@ struct Report<'a> {
 impl Report<'_> {
     /// `applied`, `duplicate`, `retryable`, `terminal` or `trap`, and the reason.
     fn outcome(&self) -> (&'static str, Option<String>) {
-        match self.ran {
-            Ran::Refused(reason) => (
-                "terminal",
-                Some(format!("refused before any transaction: {reason}")),
-            ),
-            Ran::Delivered(p) => match &p.outcome {
-                Outcome::Applied => ("applied", None),
-                Outcome::Duplicate => ("duplicate", None),
-                Outcome::RetryableFailure(r) if self.traced.trap.is_some() => {
-                    ("trap", Some(r.clone()))
-                }
-                Outcome::RetryableFailure(r) => ("retryable", Some(r.clone())),
-                Outcome::TerminalFailure(r) => ("terminal", Some(r.clone())),
-            },
-        }
+        outcome_of(self.ran, &self.traced)
     }
 
     fn exit_code(&self) -> u8 {
@@ -642,6 +645,23 @@ impl Report<'_> {
 }
 
 /// `, N more not kept` when some were dropped.
+/// `applied`, `duplicate`, `retryable`, `terminal` or `trap`, and the reason.
+pub(super) fn outcome_of(ran: &Ran, traced: &Traced) -> (&'static str, Option<String>) {
+    match ran {
+        Ran::Refused(reason) => (
+            "terminal",
+            Some(format!("refused before any transaction: {reason}")),
+        ),
+        Ran::Delivered(p) => match &p.outcome {
+            Outcome::Applied => ("applied", None),
+            Outcome::Duplicate => ("duplicate", None),
+            Outcome::RetryableFailure(r) if traced.trap.is_some() => ("trap", Some(r.clone())),
+            Outcome::RetryableFailure(r) => ("retryable", Some(r.clone())),
+            Outcome::TerminalFailure(r) => ("terminal", Some(r.clone())),
+        },
+    }
+}
+
 fn dropped(n: usize) -> String {
     if n == 0 {
         String::new()
@@ -659,7 +679,7 @@ fn ms(d: Duration) -> String {
 }
 
 /// `text` on one line (control characters shown as spaces), cut at `max` characters.
-fn one_line(text: &str, max: usize) -> String {
+pub(super) fn one_line(text: &str, max: usize) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat: String = flat
         .chars()
@@ -679,7 +699,7 @@ fn shown_as_space(c: char) -> bool {
 }
 
 /// A value as a reader of the report sees it (long text and bytes cut).
-fn show(v: &SqlValue) -> String {
+pub(super) fn show(v: &SqlValue) -> String {
     match v {
         SqlValue::Null => "NULL".into(),
         SqlValue::Boolean(b) => b.to_string(),

@@ -42,6 +42,7 @@ mod ordering;
 mod otlp;
 mod outbox;
 mod plugin_dev;
+mod plugin_diff;
 mod plugin_load;
 mod plugin_undo;
 mod replicas;
