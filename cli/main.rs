@@ -23,6 +23,7 @@ mod plugin_diff;
 mod plugin_new;
 mod plugin_repro;
 mod plugin_test;
+mod plugin_types;
 use idemhost::{Host, RunOptions};
 
 #[derive(Debug, Parser)]

@@ -148,8 +148,17 @@ fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
 
-/// Directories a build writes or a toolchain keeps, never the author's sources.
-const NOT_SOURCES: &[&str] = &["target", "node_modules", "__pycache__", ".cache", ".git"];
+/// Directories a build writes or a toolchain keeps (the editor types among them), never the
+/// author's sources.
+const NOT_SOURCES: &[&str] = &[
+    "target",
+    "node_modules",
+    "__pycache__",
+    ".cache",
+    ".git",
+    "typings",
+    "types",
+];
 /// Files looked at, at most (a project is a handful; a tree this large is not one).
 const MAX_FILES: usize = 10_000;
 

@@ -10,6 +10,8 @@ use std::process::Command;
 use anyhow::{Context as _, bail};
 use sha2::Digest as _;
 
+use super::plugin_types;
+
 /// A plugin language `plugin new` has a template for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -89,7 +91,7 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<String> {
         ),
         (
             ".gitignore".into(),
-            format!("/{OUTPUT}\n/target/\n").into_bytes(),
+            format!("/{OUTPUT}\n/target/\n/typings/\n/types/\n").into_bytes(),
         ),
         ("README.md".into(), readme(lang, name, &schema).into_bytes()),
     ];
@@ -108,6 +110,10 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<String> {
             files.push((source.into(), template.into()));
             let seed = super::plugin_repro::new_seed()?;
             files.push((super::plugin_repro::SEED_FILE.into(), seed.into_bytes()));
+            files.push(match lang {
+                Lang::Python => ("mypy.ini".into(), plugin_types::MYPY_INI.into()),
+                _ => ("jsconfig.json".into(), plugin_types::JSCONFIG.into()),
+            });
         }
         Lang::C => {
             files.push(("handler.c".into(), C_TEMPLATE.into()));
@@ -123,6 +129,25 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<String> {
             .with_context(|| format!("failed to write {}", path.display()))?;
     }
     let d = dir.display();
+    let types = match lang {
+        Lang::Rust | Lang::C => String::new(),
+        _ => match editor_types(dir, lang) {
+            Ok(()) => format!(
+                "types:  {d}/{}, for an editor ({}); plugin build keeps them current\n",
+                if lang == Lang::Python {
+                    "typings/"
+                } else {
+                    "types/"
+                },
+                if lang == Lang::Python {
+                    "mypy.ini points mypy there"
+                } else {
+                    "tsc -p jsconfig.json checks handler.js"
+                }
+            ),
+            Err(e) => format!("types:  not written ({e:#}); plugin build writes them\n"),
+        },
+    };
     Ok(format!(
         "created {d} ({lang:?} plugin {name:?}, {} files)\n\
          build:  idemhost plugin build {d}        # runs: {}\n\
@@ -131,7 +156,7 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<String> {
          loop:   idemhost plugin dev {d} --event-type NoteAdded   # builds and tests on every change\n",
         files.len(),
         build_command(lang),
-    ))
+    ) + &types)
 }
 
 /// The compiler command a project of `lang` is built with, as `plugin build` runs it.
@@ -202,6 +227,18 @@ fn readme(lang: Lang, name: &str, schema: &str) -> String {
         Lang::Js => "handler.js",
         Lang::C => "handler.c",
     };
+    let extra = match lang {
+        Lang::Python => {
+            "\n`typings/` holds the world's types for an editor (pyright looks there; `mypy` here\n\
+                         checks `app.py` against them, see `mypy.ini`). `build-seed` makes builds\n\
+                         reproducible: commit it.\n"
+        }
+        Lang::Js => {
+            "\n`types/` holds the world's types for an editor; `tsc -p jsconfig.json` checks\n\
+                     `handler.js` against them. `build-seed` makes builds reproducible: commit it.\n"
+        }
+        Lang::Rust | Lang::C => "",
+    };
     format!(
         "# {name}\n\n\
          An idemhost handler in {lang:?}, from `idemhost plugin new`. The handler is in `{source}`;\n\
@@ -217,7 +254,7 @@ fn readme(lang: Lang, name: &str, schema: &str) -> String {
          through the new component, a few lines per sample.\n\n\
          `plugin test` runs the message through the plugin as a delivery would and rolls back; it\n\
          prints each statement, the log lines, outbox events, the outcome and the timings. Deploy\n\
-         with `idemhost plugin deploy --consumer {name} {OUTPUT} --config <the host's config>`.\n",
+         with `idemhost plugin deploy --consumer {name} {OUTPUT} --config <the host's config>`.\n{extra}",
         build = build_command(lang),
     )
 }
@@ -230,6 +267,10 @@ pub fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     match lang {
         Lang::Rust => build_rust(dir, &out)?,
         Lang::Python | Lang::Js => {
+            // The editor's types first (not part of the component): a failure is only shown.
+            if let Err(e) = editor_types(dir, lang) {
+                eprintln!("== editor types not updated: {e:#}");
+            }
             // Run from the directory plugin_repro stages the sources in (a fixed path).
             let (program, mut args, node) = if lang == Lang::Python {
                 let py = python_tools()?.join("bin/componentize-py");
@@ -258,6 +299,11 @@ pub fn build(dir: &Path) -> anyhow::Result<PathBuf> {
         Lang::C => build_c(dir)?,
     }
     Ok(out)
+}
+
+/// The project's editor types (Python stubs, TypeScript declarations) from its WIT.
+fn editor_types(dir: &Path, lang: Lang) -> anyhow::Result<()> {
+    plugin_types::write(dir, lang, python_tools, js_tools, run)
 }
 
 /// The project's language, from the file its template put there.

@@ -218,7 +218,8 @@ fn tools() -> anyhow::Result<PathBuf> {
 }
 
 /// The project's files, less what a build writes or a tool keeps: hidden entries, `target/`,
-/// `__pycache__/`, the seed and the output.
+/// `__pycache__/`, the editor's Python stubs (`typings/`: componentize-py would bundle them),
+/// the seed and the output.
 fn copy_source(project: &Path, stage: &Path, output: &str) -> anyhow::Result<()> {
     copy_tree(
         project,
@@ -327,6 +328,7 @@ mod tests {
             "target/x",
             "__pycache__/app.pyc",
             "lib/__pycache__/u.pyc",
+            "typings/wit_world/__init__.py",
         ];
         for file in sources.iter().chain(&not_sources) {
             std::fs::create_dir_all(project.join(file).parent().unwrap()).unwrap();

@@ -59,16 +59,19 @@ fi
 
 # -- Python (componentize-py, from PyPI) --------------------------------------------------------
 PY=$TOOLS/py
-ensure_python_tools() {
-  local req=plugins/toolchain/requirements.txt
-  if [ "$(cat "$PY/.requirements.sha256" 2>/dev/null)" != "$(sha256sum <"$req")" ]; then
-    say "installing the Python toolchain ($req)"
-    rm -rf "$PY"
-    python3 -m venv "$PY"
-    "$PY/bin/pip" install --quiet --disable-pip-version-check --require-hashes -r "$req"
-    sha256sum <"$req" >"$PY/.requirements.sha256"
+# venv <dir> <requirements> <what>: a virtual environment holding exactly the requirements (with
+# hashes), made again when they change.
+venv() {
+  local dir=$1 req=$2
+  if [ "$(cat "$dir/.requirements.sha256" 2>/dev/null)" != "$(sha256sum <"$req")" ]; then
+    say "installing $3 ($req)"
+    rm -rf "$dir"
+    python3 -m venv "$dir"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check --require-hashes -r "$req"
+    sha256sum <"$req" >"$dir/.requirements.sha256"
   fi
 }
+ensure_python_tools() { venv "$PY" plugins/toolchain/requirements.txt "the Python toolchain"; }
 componentize_py() { # name app-dir
   local name=$1 dir=$2
   stale "$name" "$dir"/*.py "${WIT[@]}" plugins/toolchain/requirements.txt || return 0
@@ -77,9 +80,12 @@ componentize_py() { # name app-dir
     -p "$dir" app -o "$DIST/$name.wasm"
   stamp "$name"
 }
+# mypy, for the suite's check of a Python project's editor stubs (plugins/toolchain/checkers.txt).
+ensure_python_checker() { venv "$TOOLS/mypy" plugins/toolchain/checkers.txt mypy; }
 if want py; then
   say "python: inventory-py, template-py, order-payment-py"
   ensure_python_tools
+  ensure_python_checker
   componentize_py inventory-py plugins/inventory-py
   componentize_py order-payment-py plugins/order-payment-py
   componentize_py template-py plugins/templates/python

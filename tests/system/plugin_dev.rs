@@ -307,13 +307,30 @@ async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
             )
         };
         if matches!(lang, "python" | "js") {
+            editor_types_check_the_handler(lang, &project);
             let seed = std::fs::read_to_string(project.join("build-seed")).unwrap();
             assert!(
                 seed.trim().len() == 16 && seed.trim().bytes().all(|b| b.is_ascii_hexdigit()),
                 "{lang}: build-seed {seed:?}"
             );
         }
+        // plugin build keeps the editor types current: a removed one is back after it.
+        let stub = match lang {
+            "python" => Some(project.join("typings/wit_world/imports/database.py")),
+            "js" => Some(project.join("types/interfaces/idemhost-consumer-database.d.ts")),
+            _ => None,
+        };
+        if let Some(stub) = &stub {
+            std::fs::remove_file(stub).unwrap();
+        }
         let built = build(&project);
+        if let Some(stub) = &stub {
+            assert!(
+                stub.is_file(),
+                "{lang}: {} not written again",
+                stub.display()
+            );
+        }
         // build-plugins.sh installed each toolchain where plugin build looks for it: nothing
         // is installed again (offline, under unshare -n, an install would need a registry).
         let said = String::from_utf8_lossy(&built.stderr);
@@ -861,4 +878,44 @@ async fn plugin_test_takes_back_its_own_setup_unless_asked() {
     .execute(&admin)
     .await
     .unwrap();
+}
+
+/// A new Python or JavaScript project's editor types check its handler with the language's
+/// own checker (mypy, tsc): the template passes, and a misspelt method of the transaction is
+/// an error naming it (so the types are the world's, not `any`).
+fn editor_types_check_the_handler(lang: &str, project: &Path) {
+    let tools = repo_root().join(".cache/toolchain");
+    let (source, checker, args): (&str, PathBuf, &[&str]) = match lang {
+        "python" => ("app.py", tools.join("mypy/bin/mypy"), &[]),
+        _ => (
+            "handler.js",
+            tools.join("js/node_modules/.bin/tsc"),
+            &["-p", "jsconfig.json"],
+        ),
+    };
+    let check = || {
+        Command::new(&checker)
+            .args(args)
+            .current_dir(project)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (scripts/build-plugins.sh installs it)",
+                    checker.display()
+                )
+            })
+    };
+    let out = check();
+    assert!(out.status.success(), "{lang}: {out:?}");
+    let path = project.join(source);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("tx.execute("), "{lang}");
+    std::fs::write(&path, text.replace("tx.execute(", "tx.exeucte(")).unwrap();
+    let out = check();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && said.contains("exeucte"),
+        "{lang}: {out:?}"
+    );
+    std::fs::write(&path, text).unwrap();
 }

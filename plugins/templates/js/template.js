@@ -11,15 +11,31 @@
 
 import { log } from 'idemhost:consumer/logging@0.1.0';
 
+// The world's types, for an editor and `tsc -p jsconfig.json` (declarations in types/, which
+// `idemhost plugin build` keeps current); JSDoc only, nothing changes at run time.
+/** @typedef {import('idemhost:consumer/database@0.1.0').Transaction} Transaction */
+/** @typedef {import('idemhost:consumer/types@0.1.0').Message} Message */
+/** @typedef {import('idemhost:consumer/types@0.1.0').HandlerError} HandlerError */
+/** @typedef {import('idemhost:consumer/types@0.1.0').SqlValue} SqlValue */
+
 // Roll back and dead-letter: retrying cannot help (bad input, a broken business rule).
+/** @type {(reason: string) => HandlerError} */
 const terminal = (reason) => ({ tag: 'terminal', val: reason });
 // Roll back and let the broker redeliver later with backoff.
+/** @type {(reason: string) => HandlerError} */
 const retryable = (reason) => ({ tag: 'retryable', val: reason });
+/** @type {(val: string) => SqlValue} */
 const text = (val) => ({ tag: 'text', val });
 
 // A database error arrives as a thrown value carrying the error string.
-const errorText = (e) => (typeof e === 'string' ? e : e && typeof e.payload === 'string' ? e.payload : String(e));
+/** @param {unknown} e */
+const errorText = (e) =>
+  typeof e === 'string' ? e : typeof e === 'object' && e !== null && 'payload' in e && typeof e.payload === 'string' ? e.payload : String(e);
 
+/**
+ * @param {Transaction} tx
+ * @param {Message} msg
+ */
 function noteAdded(tx, msg) {
   let event;
   try {
@@ -49,13 +65,19 @@ function noteAdded(tx, msg) {
     // classifies the SQLSTATE itself; we pass the text along.
     throw retryable(errorText(e));
   }
-  log('info', `note ${noteId} recorded; ${rows[0][0].val} notes`);
+  const count = rows[0]?.[0];
+  log('info', `note ${noteId} recorded; ${count && 'val' in count ? count.val : '?'} notes`);
 }
 
 // Module state lives as long as the instance, and every delivery gets a fresh instance: the
 // `conformance.state` case records this counter to prove it is 1 every time.
 let calls = 0;
 
+/**
+ * @param {Transaction} tx
+ * @param {Message} msg
+ * @param {string} kase
+ */
 function conformance(tx, msg, kase) {
   calls += 1;
   switch (kase) {
@@ -90,6 +112,10 @@ function conformance(tx, msg, kase) {
 }
 
 export const handling = {
+  /**
+   * @param {Transaction} tx
+   * @param {Message} msg
+   */
   handle(tx, msg) {
     const eventType = msg.eventType ?? '';
     if (eventType === 'NoteAdded') return noteAdded(tx, msg);
