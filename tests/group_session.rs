@@ -21,7 +21,12 @@ async fn ungated(tag: &str) -> (TestEnv, Arc<WasmHandler>, Claimer) {
     static UNGATED: Once = Once::new();
     // SAFETY: set once, before any statement of these tests reads it; nothing else here sets
     // or reads the environment meanwhile.
-    UNGATED.call_once(|| unsafe { std::env::set_var("IDEMHOST_FAILPOINT", "ungated") });
+    UNGATED.call_once(|| unsafe {
+        std::env::set_var("IDEMHOST_FAILPOINT", "ungated");
+        // The savepoint path's name, known to the tests (a plugin could learn it: see
+        // `a_plugin_that_knows_the_savepoint_name_cannot_undo_a_claim`).
+        std::env::set_var("IDEMHOST_TEST_SAVEPOINT_NAME", "idemhost_known");
+    });
     let env = TestEnv::new(tag).await;
     env.seed_inventory(&[("sku-1", 1_000)]).await;
     let plugin = load_plugin("testkit", Duration::from_secs(5));
@@ -277,6 +282,18 @@ async fn a_plugin_that_ends_the_transaction_commits_nothing_after_it() {
     env.cleanup().await;
 }
 
+/// A script that reserves `n` of `sku-1`.
+fn reserve(n: i64) -> String {
+    serde_json::json!({"steps": [{"execute": format!(
+        "UPDATE inventory SET reserved = reserved + {n} WHERE sku = 'sku-1'"
+    )}]})
+    .to_string()
+}
+
+/// A delivery that fails on its own: its group runs again behind savepoints.
+const SAVEPOINTS_NEXT: &str =
+    r#"{"steps":[{"fail":"terminal","reason":"runs the group again with savepoints"}]}"#;
+
 /// With the gate off, in a group run again behind savepoints (after a delivery failed on its
 /// own), a plugin that knew the host's savepoint name could release its own and roll back to
 /// the one before, taking its claim and keeping its later write. The name is drawn per
@@ -285,13 +302,7 @@ async fn a_plugin_that_ends_the_transaction_commits_nothing_after_it() {
 #[tokio::test]
 async fn a_plugin_cannot_roll_back_past_its_own_savepoint() {
     let (env, plugin, c) = ungated("group_savepoint").await;
-    let write = |n: i64| {
-        serde_json::json!({"steps": [{"execute": format!(
-            "UPDATE inventory SET reserved = reserved + {n} WHERE sku = 'sku-1'"
-        )}]})
-        .to_string()
-    };
-    let fail = r#"{"steps":[{"fail":"terminal","reason":"runs the group again with savepoints"}]}"#;
+    let (write, fail) = (reserve, SAVEPOINTS_NEXT);
     let escape = serde_json::json!({"steps": [
         {"execute": "RELEASE SAVEPOINT idemhost_message"},
         {"execute": "ROLLBACK TO SAVEPOINT idemhost_message"},
@@ -319,6 +330,68 @@ async fn a_plugin_cannot_roll_back_past_its_own_savepoint() {
             .await,
         1
     );
+    env.cleanup().await;
+}
+
+/// With the gate off, a plugin that learned the name of the host's savepoint in a group run
+/// again behind savepoints (it shows in pg_stat_activity to the consumer's other sessions while
+/// the SAVEPOINT runs; the test build names it for the tests) can roll back to it. Found by
+/// review: rolling back to its own undid its claim and kept its later write (acked, the effect
+/// without a marker); releasing its own first, it rolled back an earlier part's claim and
+/// effect, and that part was reported applied (acked, its effect lost). Every part reported
+/// applied must now still hold its claim before the commit; the group runs again one delivery
+/// per transaction, where the host has no savepoint.
+#[tokio::test]
+async fn a_plugin_that_knows_the_savepoint_name_cannot_undo_a_claim() {
+    let (env, plugin, c) = ungated("group_known_savepoint").await;
+    let (write, fail) = (reserve, SAVEPOINTS_NEXT);
+    let undo = |release: bool, n: i64| {
+        let mut steps = Vec::new();
+        if release {
+            steps.push(serde_json::json!({"execute": "RELEASE SAVEPOINT idemhost_known"}));
+        }
+        steps.push(serde_json::json!({"execute": "ROLLBACK TO SAVEPOINT idemhost_known"}));
+        let write: serde_json::Value = serde_json::from_str(&reserve(n)).unwrap();
+        steps.push(write["steps"][0].clone());
+        serde_json::json!({ "steps": steps }).to_string()
+    };
+    for (round, release, undone, own) in [(1, false, 1, 100), (2, true, 10, 1_000)] {
+        let before = env.reserved("sku-1").await;
+        let ids = [
+            format!("writes-{round}"),
+            format!("fails-{round}"),
+            format!("undoes-{round}"),
+        ];
+        let results = c
+            .process_batch(
+                plugin.as_ref(),
+                &[
+                    message(&ids[0], &write(undone)),
+                    message(&ids[1], fail),
+                    message(&ids[2], &undo(release, own)),
+                ],
+            )
+            .await;
+        for (id, result) in ids.iter().zip(&results) {
+            let markers = env
+                .scalar(&format!(
+                    "SELECT count(*) FROM processed_message WHERE message_id = '{id}'"
+                ))
+                .await;
+            assert_eq!(
+                result.outcome == Outcome::Applied,
+                markers == 1,
+                "round {round}, {id}: {results:?}"
+            );
+        }
+        assert_eq!(results[0].outcome, Outcome::Applied, "{results:?}");
+        assert_ne!(results[2].outcome, Outcome::Applied, "{results:?}");
+        assert_eq!(
+            env.reserved("sku-1").await - before,
+            undone,
+            "round {round}: {results:?}"
+        );
+    }
     env.cleanup().await;
 }
 

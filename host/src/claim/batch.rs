@@ -241,7 +241,7 @@ impl Claimer {
         // part's savepoint and roll back to an earlier one, taking its claim with it and
         // leaving its later writes (possible only with the SQL gate off, which refuses
         // savepoint statements).
-        let savepoint_name = format!("idemhost_{:016x}", rand::random::<u64>());
+        let savepoint_name = savepoint_name();
         let mut failed = Some(failed);
         let mut parts = Vec::with_capacity(msgs.len());
         let mut handled = false;
@@ -263,6 +263,45 @@ impl Claimer {
             part.timing.claim += first_claim;
             tx = back;
             parts.push(part);
+        }
+        // The name shows in pg_stat_activity to the consumer's other sessions while the
+        // SAVEPOINT runs: a plugin that learned it (with the gate off) could roll back to it,
+        // taking its own claim (or, after a RELEASE, an earlier part's claim and effect) and
+        // keeping what it writes after. Every part reported applied must still hold its claim:
+        // claimed again, each must be found taken. One that is not abandons the group; its
+        // deliveries then run one per transaction, where no savepoint of the host exists.
+        if handled && let Err(f) = clear(&mut tx, &wall).await {
+            rollback(tx, &wall).await;
+            return Err(f);
+        }
+        for (msg, part) in msgs.iter().zip(&parts) {
+            if part.outcome != Outcome::Applied {
+                continue;
+            }
+            let mut timing = Timing::default();
+            match self
+                .claim(&mut tx, &wall, handler, msg, &mut timing, false)
+                .await
+            {
+                Ok((false, _)) => {}
+                Ok((true, _)) => {
+                    rollback(tx, &wall).await;
+                    return Err(AttemptFailure {
+                        kind: FailureKind::Retryable,
+                        cause: Rollback::Database,
+                        reason: "a claim of the group was undone in its transaction (rolled \
+                                 back to the host's savepoint); the group runs again one \
+                                 delivery per transaction"
+                            .into(),
+                        lock_wait: false,
+                    });
+                }
+                Err(e) => {
+                    tx.note_failure(&e);
+                    rollback(tx, &wall).await;
+                    return Err(AttemptFailure::db("failed to check the group's claims", &e));
+                }
+            }
         }
         failpoint::hit("before_commit");
         tx.commit_with(&wall.commit_sql)
@@ -360,6 +399,20 @@ fn left_in_session() -> AttemptFailure {
             .into(),
         lock_wait: false,
     }
+}
+
+/// The savepoint name of one transaction of the savepoint path: drawn per transaction. Test
+/// builds (`failpoints`) take `IDEMHOST_TEST_SAVEPOINT_NAME` instead when it is set, so that a
+/// test can play a plugin that learned the name.
+fn savepoint_name() -> String {
+    #[cfg(feature = "failpoints")]
+    if let Ok(name) = std::env::var("IDEMHOST_TEST_SAVEPOINT_NAME")
+        && !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+    {
+        return name;
+    }
+    format!("idemhost_{:016x}", rand::random::<u64>())
 }
 
 /// Runs a savepoint statement; its failure abandons the batch.
