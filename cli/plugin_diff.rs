@@ -74,7 +74,21 @@ pub async fn diff(args: DiffArgs) -> anyhow::Result<u8> {
     let candidate_bytes = std::fs::read(&args.candidate)
         .with_context(|| format!("failed to read {}", args.candidate.display()))?;
     let candidate = plugin_test::load_bytes(&config, &consumer, &candidate_bytes, &args.candidate)?;
+    if deployed.digest() == candidate.digest() {
+        println!(
+            "the candidate is the deployed version ({}): nothing to compare",
+            deployed.digest()
+        );
+        return Ok(EXIT_SAME);
+    }
     let messages = last_messages(&js, &consumer, usize::from(args.last)).await?;
+    if messages.is_empty() {
+        eprintln!(
+            "no message on {} in stream {}: nothing was compared",
+            consumer.subjects.join(", "),
+            consumer.stream
+        );
+    }
 
     // Each message runs under a fresh id (the same for both versions), so that one already
     // applied runs again instead of being skipped as a duplicate.
@@ -112,8 +126,8 @@ pub async fn diff(args: DiffArgs) -> anyhow::Result<u8> {
                     "id": id,
                     "subject": m.subject,
                     "same": old == new,
-                    "deployed": old,
-                    "candidate": new,
+                    "deployed": old.shown,
+                    "candidate": new.shown,
                 })
             })
             .collect();
@@ -142,7 +156,7 @@ pub async fn diff(args: DiffArgs) -> anyhow::Result<u8> {
                 format!("{:?}", plugin_test::one_line(i, 80))
             });
             if old == new {
-                println!("seq {} id {id}: same ({})", m.sequence, old[0]);
+                println!("seq {} id {id}: same ({})", m.sequence, old.shown[0]);
                 continue;
             }
             println!("seq {} id {id}: DIFFERS", m.sequence);
@@ -246,6 +260,17 @@ async fn last_messages(
             if sequence > last {
                 break;
             }
+            // A server before 2.10 ignores `filter_subjects` and sends every message.
+            if !consumer
+                .subjects
+                .iter()
+                .any(|f| subject_matches(f, &message.subject))
+            {
+                if pending == 0 {
+                    break;
+                }
+                continue;
+            }
             kept.push_back(Read {
                 sequence,
                 subject: message.subject.to_string(),
@@ -266,6 +291,20 @@ async fn last_messages(
     }
 }
 
+/// Whether `subject` is one `filter` names (`*` one token, `>` the rest).
+fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for part in filter.split('.') {
+        match (part, tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (p, Some(t)) if p == t => {}
+            _ => return false,
+        }
+    }
+    tokens.next().is_none()
+}
+
 /// One message through one version, rolled back: what it did, as lines to compare.
 async fn run(
     config: &Config,
@@ -274,7 +313,7 @@ async fn run(
     subject: &str,
     headers: &async_nats::HeaderMap,
     payload: &[u8],
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Run> {
     let (ran, traced) = match rehearsal::read(consumer, subject, headers, payload.to_vec(), 1) {
         Ok(msg) => {
             let options = rehearsal::RehearsalOptions {
@@ -287,59 +326,105 @@ async fn run(
         }
         Err(refused) => (Ran::Refused(refused.reason), Traced::default()),
     };
-    Ok(lines(&ran, &traced))
+    Ok(Run::of(&ran, &traced))
 }
 
 /// What a run did that a new version may change: the outcome, each statement with its
-/// parameters and result, each outbox event. (Not timings or log lines.)
-fn lines(ran: &Ran, traced: &Traced) -> Vec<String> {
-    let (outcome, reason) = plugin_test::outcome_of(ran, traced);
-    let mut lines = vec![match reason {
-        Some(r) => format!("{outcome}: {}", plugin_test::one_line(&r, 300)),
-        None => outcome.to_string(),
-    }];
-    for (i, s) in traced.statements.iter().enumerate() {
-        let params: Vec<String> = s.params.iter().map(plugin_test::show).collect();
-        let result = match &s.result {
-            StatementResult::Affected(n) => format!("{n} rows affected"),
-            StatementResult::Rows { rows, total } => {
-                let shown: Vec<String> = rows
-                    .iter()
-                    .map(|r| {
-                        r.iter()
-                            .map(plugin_test::show)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    })
-                    .collect();
-                format!("{total} rows [{}]", shown.join("; "))
-            }
-            StatementResult::Error(e) => format!("error {}", plugin_test::one_line(e, 300)),
+/// parameters and result, each outbox event (not timings or log lines). Compared in full (as far
+/// as the trace keeps them: 20 rows a statement, 4 KiB a value); shown cut to a line each.
+struct Run {
+    /// One entry per outcome, statement and event, every value in full.
+    key: Vec<String>,
+    /// The same entries as shown: one line each, cut.
+    shown: Vec<String>,
+}
+
+impl PartialEq for Run {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+/// The longest line shown for one entry.
+const SHOWN_LINE: usize = 400;
+
+impl Run {
+    fn of(ran: &Ran, traced: &Traced) -> Run {
+        let mut run = Run {
+            key: Vec::new(),
+            shown: Vec::new(),
         };
-        lines.push(format!(
-            "statement {}: {} [{}] -> {result}",
-            i + 1,
-            plugin_test::one_line(&s.sql, 300),
-            params.join(", ")
-        ));
+        let (outcome, reason) = plugin_test::outcome_of(ran, traced);
+        run.push(
+            format!("{outcome} {reason:?}"),
+            match &reason {
+                Some(r) => format!("{outcome}: {r}"),
+                None => outcome.to_string(),
+            },
+        );
+        for (i, s) in traced.statements.iter().enumerate() {
+            let params: Vec<String> = s.params.iter().map(plugin_test::show).collect();
+            let result = match &s.result {
+                StatementResult::Affected(n) => format!("{n} rows affected"),
+                StatementResult::Rows { rows, total } => {
+                    let shown: Vec<String> = rows
+                        .iter()
+                        .map(|r| {
+                            let row: Vec<String> = r.iter().map(plugin_test::show).collect();
+                            row.join(", ")
+                        })
+                        .collect();
+                    format!("{total} rows [{}]", shown.join("; "))
+                }
+                StatementResult::Error(e) => format!("error {e}"),
+            };
+            run.push(
+                format!("{:?} {:?} {:?}", s.sql, s.params, s.result),
+                format!(
+                    "statement {}: {} [{}] -> {result}",
+                    i + 1,
+                    s.sql,
+                    params.join(", ")
+                ),
+            );
+        }
+        if traced.statements_dropped > 0 {
+            let more = format!("{} more statements", traced.statements_dropped);
+            run.push(more.clone(), more);
+        }
+        for (i, p) in traced.published.iter().enumerate() {
+            run.push(
+                format!(
+                    "{:?} {:?} {:?} {:?}",
+                    p.subject, p.headers, p.payload, p.refused
+                ),
+                event(i + 1, p),
+            );
+        }
+        if traced.published_dropped > 0 {
+            let more = format!("{} more events", traced.published_dropped);
+            run.push(more.clone(), more);
+        }
+        run
     }
-    if traced.statements_dropped > 0 {
-        lines.push(format!("{} more statements", traced.statements_dropped));
+
+    fn push(&mut self, key: String, shown: String) {
+        self.key.push(key);
+        self.shown.push(plugin_test::one_line(&shown, SHOWN_LINE));
     }
-    for (i, p) in traced.published.iter().enumerate() {
-        lines.push(event(i + 1, p));
-    }
-    if traced.published_dropped > 0 {
-        lines.push(format!("{} more events", traced.published_dropped));
-    }
-    lines
 }
 
 fn event(n: usize, p: &Published) -> String {
     let headers: Vec<String> = p
         .headers
         .iter()
-        .map(|(k, v)| format!("{k}: {}", plugin_test::one_line(v, 80)))
+        .map(|(k, v)| {
+            format!(
+                "{}: {}",
+                plugin_test::one_line(k, 80),
+                plugin_test::one_line(v, 80)
+            )
+        })
         .collect();
     format!(
         "event {n}: {} [{}] {}{}",
@@ -352,26 +437,50 @@ fn event(n: usize, p: &Published) -> String {
     )
 }
 
-/// The lines where two runs differ, as `- deployed` / `+ candidate` pairs (at most 6).
-fn changed(old: &[String], new: &[String]) -> Vec<String> {
+/// The entries where two runs differ, as `- deployed` / `+ candidate` pairs (at most 6).
+fn changed(old: &Run, new: &Run) -> Vec<String> {
     let mut out = Vec::new();
-    for i in 0..old.len().max(new.len()) {
-        let (a, b) = (old.get(i), new.get(i));
-        if a == b {
+    for i in 0..old.key.len().max(new.key.len()) {
+        if old.key.get(i) == new.key.get(i) {
             continue;
         }
         if out.len() >= 12 {
             out.push("...".into());
             break;
         }
-        out.push(format!(
-            "- deployed:  {}",
-            a.map_or("(nothing)", String::as_str)
-        ));
-        out.push(format!(
-            "+ candidate: {}",
-            b.map_or("(nothing)", String::as_str)
-        ));
+        let line = |run: &Run| {
+            run.shown
+                .get(i)
+                .map_or("(nothing)".to_owned(), Clone::clone)
+        };
+        out.push(format!("- deployed:  {}", line(old)));
+        out.push(format!("+ candidate: {}", line(new)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subject_matches;
+
+    #[test]
+    fn subjects_match_as_nats_filters() {
+        for (filter, subject, expected) in [
+            ("orders.placed", "orders.placed", true),
+            ("orders.placed", "orders.placed.x", false),
+            ("orders.*", "orders.placed", true),
+            ("orders.*", "orders.placed.x", false),
+            ("orders.*", "orders", false),
+            ("orders.>", "orders.placed.x", true),
+            ("orders.>", "orders", false),
+            ("*.placed", "orders.placed", true),
+            (">", "a.b.c", true),
+        ] {
+            assert_eq!(
+                subject_matches(filter, subject),
+                expected,
+                "{filter} {subject}"
+            );
+        }
+    }
 }

@@ -224,7 +224,7 @@ fn copy_source(project: &Path, stage: &Path, output: &str) -> anyhow::Result<()>
     copy_tree(
         project,
         stage,
-        &["target", "__pycache__", SEED_FILE, output],
+        &["target", "__pycache__", "typings", SEED_FILE, output],
         0,
     )
     .with_context(|| {

@@ -12,7 +12,6 @@ pub(crate) mod world;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -121,7 +120,6 @@ pub enum PluginError {
 pub struct PluginRuntime {
     engine: Engine,
     linker: Arc<Linker<PluginState>>,
-    ticker_stop: Arc<AtomicBool>,
     cache: Option<cache::CompileCache>,
 }
 
@@ -188,12 +186,14 @@ impl PluginRuntime {
         let mut linker = Linker::<PluginState>::new(&engine);
         imports::link(&mut linker)
             .map_err(|e| anyhow::anyhow!("failed to link host interfaces: {e:?}"))?;
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        let (weak_engine, stop) = (engine.weak(), ticker_stop.clone());
+        // The ticker runs while anything holds the engine: this runtime, or a handler it
+        // loaded (which must keep its deadline when the runtime is gone: `plugin test` dropped
+        // its runtime after loading, and a handler that looped then ran for ever).
+        let weak_engine = engine.weak();
         std::thread::Builder::new()
             .name("idemhost-epoch".into())
             .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
+                loop {
                     std::thread::sleep(EPOCH_TICK);
                     match weak_engine.upgrade() {
                         Some(engine) => engine.increment_epoch(),
@@ -205,7 +205,6 @@ impl PluginRuntime {
         Ok(PluginRuntime {
             engine,
             linker: Arc::new(linker),
-            ticker_stop,
             cache: None,
         })
     }
@@ -331,12 +330,6 @@ impl PluginRuntime {
             .trial_instantiation()
             .map_err(|reason| PluginError::Instantiate { path, reason })?;
         Ok(handler)
-    }
-}
-
-impl Drop for PluginRuntime {
-    fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
     }
 }
 

@@ -716,6 +716,51 @@ async fn plugin_test_runs_under_the_consumers_memory_limit() {
     env.cleanup().await;
 }
 
+/// A plugin that never returns is ended at the consumer's `handler_timeout` under `plugin
+/// test`, as in a delivery. It ran for ever before: the command dropped the runtime after
+/// loading the plugin, and with it the clock that ends a call. (A watchdog kills the command
+/// after 60 s so that the failure shows rather than hangs the suite.)
+#[tokio::test]
+async fn plugin_test_ends_a_plugin_that_never_returns_at_its_timeout() {
+    let env = TestEnv::new("plugin_test_loop").await;
+    let dir = scratch("plugin-test-loop");
+    let plugin = plugin_path("testkit");
+    let config = write_config(&dir, &env, "looping", &plugin, "handler_timeout = \"1s\"");
+    let payload = dir.join("loop.json");
+    std::fs::write(&payload, r#"{"steps": ["loop"]}"#).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["plugin", "test"])
+        .arg(&plugin)
+        .arg("--config")
+        .arg(&config)
+        .arg("--payload")
+        .arg(&payload)
+        .arg("--json")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let status = status.expect("plugin test still ran a looping plugin after 60 s");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(status.code(), Some(6), "{r:#}");
+    assert_eq!(r["outcome"], "trap", "{r:#}");
+    env.cleanup().await;
+}
+
 /// A hostile plugin run through `plugin test` by an operator whose config logs the host in as a
 /// superuser (as here): the rehearsal runs on the consumer's own role, like a delivery, so the
 /// plugin cannot use the operator's session (a superuser reads `pg_authid`, the password

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemhost");
 
-/// An identical candidate shows no difference (exit 0); a version that writes another value
+/// A candidate that behaves the same shows no difference (exit 0; the deployed bytes
+/// themselves are not even run); a version that writes another value
 /// shows it in each message's statement (exit 7), for the last N messages only, a message
 /// already applied (its marker committed) included; the durable's position, the markers and
 /// the effects are unchanged afterwards.
@@ -59,8 +60,11 @@ async fn plugin_diff_shows_a_planted_change_and_nothing_for_an_identical_candida
     let before = nats.consumer_info("diffed").await;
     assert_eq!((env.markers("diffed").await, effects(&env).await), (1, 1));
 
+    // The deployed component with a custom section added: other bytes, the same behaviour.
     let same = dir.join("same.wasm");
-    std::fs::copy(plugin_path("versioned-a"), &same).unwrap();
+    let mut bytes = std::fs::read(plugin_path("versioned-a")).unwrap();
+    bytes.extend_from_slice(&[0x00, 0x03, 0x01, b'x', b'y']);
+    std::fs::write(&same, bytes).unwrap();
     let diff = |candidate: &std::path::Path, json: bool| {
         let mut command = Command::new(BIN);
         command
@@ -84,6 +88,17 @@ async fn plugin_diff_shows_a_planted_change_and_nothing_for_an_identical_candida
     );
     assert!(text.contains("0 of 3 messages ran differently"), "{text}");
     assert_eq!(text.matches(": same (applied)").count(), 3, "{text}");
+
+    // The deployed component itself: nothing to run.
+    let copy = dir.join("copy.wasm");
+    std::fs::copy(plugin_path("versioned-a"), &copy).unwrap();
+    let out = diff(&copy, false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("the candidate is the deployed version"),
+        "{text}"
+    );
 
     let out = diff(&plugin_path("versioned-b"), true);
     assert_eq!(
@@ -112,21 +127,40 @@ async fn plugin_diff_shows_a_planted_change_and_nothing_for_an_identical_candida
         );
     }
 
+    // Values are compared in full, not as shown: two runs whose one value differs only past
+    // the part a line shows differ (they were reported the same).
+    let testkit = plugin_path("testkit");
+    let mut bytes = std::fs::read(&testkit).unwrap();
+    bytes.extend_from_slice(&[0x00, 0x03, 0x01, b'x', b'y']);
+    let candidate = dir.join("testkit-again.wasm");
+    std::fs::write(&candidate, bytes).unwrap();
+    nats.publish(
+        Some("m-late"),
+        r#"{"steps": [{"query": "SELECT repeat('x', 100) || clock_timestamp()::text"}]}"#,
+    )
+    .await;
+    let out = Command::new(BIN)
+        .args(["plugin", "diff"])
+        .arg(&candidate)
+        .arg("--config")
+        .arg(&config)
+        .args(["--last", "1", "--deployed"])
+        .arg(&testkit)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{text}");
+    assert!(text.contains("1 of 1 message ran differently"), "{text}");
+
     // Nothing moved: the durable has the same position, nothing was committed.
     let after = nats.consumer_info("diffed").await;
     assert_eq!(
-        (
-            after.delivered.stream_sequence,
-            after.num_pending,
-            after.num_ack_pending
-        ),
-        (
-            before.delivered.stream_sequence,
-            before.num_pending,
-            before.num_ack_pending
-        )
+        (after.delivered.stream_sequence, after.num_ack_pending),
+        (before.delivered.stream_sequence, before.num_ack_pending)
     );
-    assert_eq!(after.num_pending, 6);
+    // The one message published since, and nothing else, is pending.
+    assert_eq!(after.num_pending, before.num_pending + 1);
+    assert_eq!(after.num_pending, 7);
     assert_eq!((env.markers("diffed").await, effects(&env).await), (1, 1));
     nats.cleanup().await;
     env.cleanup().await;
