@@ -7,7 +7,8 @@
 //! bytes come from the project's seed (`build-seed`), so each project's interpreter has its own
 //! string-hash key; the same source and seed build the same bytes.
 
-use std::io::Read as _;
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,11 +45,31 @@ pub fn new_seed() -> anyhow::Result<String> {
 /// The project's seed, written first if the project has none.
 fn seed(project: &Path) -> anyhow::Result<String> {
     let path = project.join(SEED_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
+    // Never through a link, a FIFO or a device: a checkout's `build-seed` could be one, and the
+    // build (often as root in CI) would write or read, without end, what it points to.
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path);
+    let text = match opened {
+        Ok(file) => {
+            if !file.metadata()?.is_file() {
+                bail!("{}: not a regular file", path.display());
+            }
+            let mut text = String::new();
+            file.take(64)
+                .read_to_string(&mut text)
+                .with_context(|| format!("failed to read {}", path.display()))?;
+            text
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let seed = new_seed()?;
-            std::fs::write(&path, &seed)
+            // A dangling link is not "not found" to create_new: it fails rather than follow it.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(seed.as_bytes()))
                 .with_context(|| format!("failed to write {}", path.display()))?;
             eprintln!(
                 "== wrote {}: keep it with the source (the same source and seed build the same bytes)",
@@ -56,7 +77,10 @@ fn seed(project: &Path) -> anyhow::Result<String> {
             );
             seed
         }
-        Err(e) => return Err(e).with_context(|| format!("failed to read {}", path.display())),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("failed to read {} (a link is refused)", path.display()));
+        }
     };
     let seed = text.trim();
     if seed.len() != 16 || !seed.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -153,10 +177,19 @@ pub fn build(
     run(&mut traced, &command.get_program().to_string_lossy())?;
     let built = stage.join(output);
     let target = project.join(output);
-    let partial = project.join(format!(".{output}.partial"));
-    std::fs::copy(&built, &partial)
-        .and_then(|_| std::fs::rename(&partial, &target))
-        .with_context(|| format!("failed to copy the build to {}", target.display()))?;
+    // Written under a new name of its own (never through a link planted in the project), then
+    // renamed over the output.
+    let partial = project.join(format!(".{output}.{}.partial", new_seed()?.trim()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&partial)
+        .and_then(|mut file| std::io::copy(&mut std::fs::File::open(&built)?, &mut file))
+        .and_then(|_| std::fs::rename(&partial, &target));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written.with_context(|| format!("failed to write the build to {}", target.display()))?;
     Ok(())
 }
 
@@ -246,18 +279,27 @@ fn copy_tree(from: &Path, to: &Path, skip: &[&str], depth: usize) -> anyhow::Res
         );
     }
     std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
+    // In name order: the order files are made in is the order some file systems list them in.
+    let mut entries = std::fs::read_dir(from)?.collect::<Result<Vec<_>, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
         let name = entry.file_name();
         let text = name.to_string_lossy();
         if text.starts_with('.') || skip.contains(&text.as_ref()) {
             continue;
         }
         let path = entry.path();
-        if std::fs::metadata(&path)?.is_dir() {
+        let meta = std::fs::metadata(&path)?;
+        if meta.is_dir() {
             copy_tree(&path, &to.join(&name), &["__pycache__"], depth + 1)?;
-        } else {
+        } else if meta.is_file() {
             std::fs::copy(&path, to.join(&name))?;
+        } else {
+            // A FIFO or a device would block the copy, or never end it.
+            eprintln!(
+                "== not copied into the build (not a regular file): {}",
+                path.display()
+            );
         }
     }
     Ok(())
@@ -290,6 +332,21 @@ mod tests {
         );
         assert_eq!(seed(&dir).unwrap(), first);
         assert_ne!(new_seed().unwrap(), new_seed().unwrap());
+    }
+
+    /// A `build-seed` that is a link is neither followed to write a new seed where it points
+    /// (a dangling one) nor read (one to a device or a FIFO would block or never end).
+    #[test]
+    fn a_linked_seed_is_refused_and_its_target_untouched() {
+        let dir = scratch("linked-seed");
+        let victim = dir.join("victim");
+        std::os::unix::fs::symlink(&victim, dir.join(SEED_FILE)).unwrap();
+        let err = seed(&dir).unwrap_err().to_string();
+        assert!(err.contains(SEED_FILE), "{err}");
+        assert!(!victim.exists());
+        std::fs::remove_file(dir.join(SEED_FILE)).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.join(SEED_FILE)).unwrap();
+        assert!(seed(&dir).is_err());
     }
 
     /// A seed that is not 16 hex digits is refused, naming the file, not replaced.
@@ -334,6 +391,12 @@ mod tests {
             std::fs::create_dir_all(project.join(file).parent().unwrap()).unwrap();
             std::fs::write(project.join(file), file).unwrap();
         }
+        // A FIFO would block the copy for ever: left out.
+        let fifo =
+            std::ffi::CString::new(project.join("pipe").into_os_string().into_encoded_bytes())
+                .unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         copy_source(&project, &dir.join("stage"), "plugin.wasm").unwrap();
         let mut found = Vec::new();
         let mut pending = vec![dir.join("stage")];

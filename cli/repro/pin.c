@@ -3,9 +3,11 @@
  * bytes. componentize-py and componentize-js run the interpreter and keep a snapshot of its
  * memory; without this, that memory holds random bytes and clock readings of the build machine.
  *
- * - getrandom/getentropy: a stream from the project's seed (IDEMHOST_BUILD_SEED, 16 hex digits);
- *   the k-th call on a thread gets the stream's k-th block, so two threads never race for one
- *   position (what a thread asks for, in its order, decides what it gets).
+ * - getrandom/getentropy: a stream from the project's seed (IDEMHOST_BUILD_SEED, 16 hex digits)
+ *   and the program's command line (each argument's last path component); the k-th call on a thread gets the stream's k-th block, so
+ *   two threads never race for one position (what a thread asks for, in its order, decides what
+ *   it gets). So two threads of one program draw the same blocks: a name both make from random
+ *   bytes at once collides (the toolchains pinned here do not).
  * - The wall clock starts at 2001-01-01 and advances 1 us per read on each thread: fixed, yet a
  *   loop that waits until a wall-clock deadline still ends.
  * - The monotonic clocks start at 1 s and advance 1 us per read on each thread. Their start
@@ -19,6 +21,7 @@
 /* glibc declares the pointers below nonnull; a caller may still pass NULL. */
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,9 +39,28 @@
 static uint64_t seed;
 static __thread uint64_t random_calls, wall_reads, mono_reads;
 
+/* The seed, mixed with the program's command line: two programs of a build (node and the
+ * wizer step it starts, componentize-py and the python3 it asks) draw different streams, so the
+ * names they make from random bytes (temporary files) do not collide. */
 __attribute__((constructor)) static void read_seed(void) {
   const char *s = getenv("IDEMHOST_BUILD_SEED");
   if (s) seed = strtoull(s, NULL, 16);
+  int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  unsigned char buf[4096];
+  ssize_t n = read(fd, buf, sizeof buf);
+  close(fd);
+  /* Each argument's last path component only: where the toolchain is installed differs
+   * between machines, and must not change the bytes. */
+  uint64_t h = 1469598103934665603ull;
+  ssize_t start = 0;
+  for (ssize_t i = 0; i < n; i++) {
+    if (buf[i] == '/') start = i + 1;
+    if (buf[i] != 0) continue;
+    for (ssize_t j = start; j <= i; j++) h = (h ^ buf[j]) * 1099511628211ull;
+    start = i + 1;
+  }
+  seed ^= h;
 }
 
 static uint64_t splitmix(uint64_t *state) {

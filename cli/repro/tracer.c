@@ -55,6 +55,11 @@ int main(int argc, char **argv) {
   PFX = getenv("PIN_UNDER");
   if (getenv("IDEMHOST_BUILD_SEED")) SEED = strtoull(getenv("IDEMHOST_BUILD_SEED"), NULL, 16);
   if (argc < 2 || !PFX || PFX[0] != '/') { fprintf(stderr, "usage: PIN_UNDER=/abs/dir/ tracer program [args...]\n"); return 2; }
+  /* Ends with the build that started it (a signal to that process alone, an IDE's stop): the
+   * traced toolchain then dies too (PTRACE_O_EXITKILL) instead of running on, orphaned, in the
+   * build directory the next build takes. */
+  pid_t parent = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent) return 1;
   pid_t child = fork();
   if (child == 0) {
     if (ptrace(PTRACE_TRACEME, 0, 0, 0)) {
