@@ -295,7 +295,7 @@ async fn load(
     native: &HashMap<String, Arc<dyn Handler>>,
     runtime: Option<Arc<PluginRuntime>>,
     store: Option<&NatsStore>,
-) -> anyhow::Result<(Plugins, Vec<(String, PathBuf)>)> {
+) -> anyhow::Result<(Plugins, Vec<registry::watch::Watched>)> {
     let mut registry = Plugins::new(runtime.clone(), config.plugins.history as usize);
     let mut watched = Vec::new();
     for c in &config.consumers {
@@ -313,6 +313,8 @@ async fn load(
                 c.name
             );
         };
+        // Before anything is read: a replacement from here on is a change to swap in.
+        let seen = registry::watch::identity(path);
         let from_store = match store {
             Some(store) => store.pointer(&c.name).await?.map(|p| (store, p)),
             None => None,
@@ -357,7 +359,7 @@ async fn load(
             compile_ms = load.compile_time.as_millis() as u64, from_cache = load.from_cache,
             wasi = %load.wasi_imports.join(","), "plugin loaded");
         registry.insert(&c.name, Arc::new(h), source, Some(limits));
-        watched.push((c.name.clone(), path.clone()));
+        watched.push((c.name.clone(), path.clone(), seen));
     }
     Ok((registry, watched))
 }

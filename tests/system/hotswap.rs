@@ -744,8 +744,9 @@ async fn one_consumers_slow_swap_does_not_hold_up_anothers() {
         std::fs::copy(from, &tmp).unwrap();
         std::fs::rename(&tmp, file).unwrap();
     };
-    // The watcher takes the files' identities once it runs: changes from then on are seen.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // No wait for the watcher: it compares with the files as they were before start-up read
+    // them, so a change from then on is seen (it took them when it first ran, and a change
+    // made before that, under load, was missed: this test timed out waiting for a swap).
     replace(&file_a, &next_a, "a");
     tokio::time::sleep(Duration::from_millis(300)).await;
     replace(&file_b, &plugin_path("versioned-b"), "b");

@@ -279,167 +279,177 @@ async fn plugin_test_shows_outbox_events_and_commits_only_when_told() {
     env.cleanup().await;
 }
 
-#[tokio::test]
-async fn plugin_new_projects_build_and_apply_a_note_in_each_language() {
-    let env = TestEnv::new("plugin_new").await;
-    let dir = scratch("plugin-new");
-    for lang in ["rust", "python", "js", "c"] {
-        let name = format!("notes-{lang}");
-        let project = dir.join(&name);
-        let created = run_ok(
-            Command::new(BIN)
-                .args(["plugin", "new", "--lang", lang, &name])
-                .arg(&project),
-        );
-        let shown = String::from_utf8_lossy(&created.stdout);
-        assert!(shown.contains("idemhost plugin build"), "{shown}");
-        if lang == "rust" {
-            assert!(
-                shown.contains("cargo build --release --target wasm32-wasip2"),
-                "{shown}"
-            );
-        }
-        let build = |dir: &Path| {
-            run_ok(
-                toolchain_env(&mut Command::new(BIN))
-                    .args(["plugin", "build"])
-                    .arg(dir),
-            )
-        };
-        if matches!(lang, "python" | "js") {
-            editor_types_check_the_handler(lang, &project);
-            let seed = std::fs::read_to_string(project.join("build-seed")).unwrap();
-            assert!(
-                seed.trim().len() == 16 && seed.trim().bytes().all(|b| b.is_ascii_hexdigit()),
-                "{lang}: build-seed {seed:?}"
-            );
-        }
-        // plugin build keeps the editor types current: a removed one is back after it.
-        let stub = match lang {
-            "python" => Some(project.join("typings/wit_world/imports/database.py")),
-            "js" => Some(project.join("types/interfaces/idemhost-consumer-database.d.ts")),
-            _ => None,
-        };
-        if let Some(stub) = &stub {
-            std::fs::remove_file(stub).unwrap();
-        }
-        let built = build(&project);
-        if let Some(stub) = &stub {
-            assert!(
-                stub.is_file(),
-                "{lang}: {} not written again",
-                stub.display()
-            );
-        }
-        // build-plugins.sh installed each toolchain where plugin build looks for it: nothing
-        // is installed again (offline, under unshare -n, an install would need a registry).
-        let said = String::from_utf8_lossy(&built.stderr);
-        assert!(!said.contains("== installing"), "{lang}: {said}");
-        {
-            // Reproducible: the same source in another directory, with other file times,
-            // builds the same bytes, in every language. (Python's and JavaScript's toolchains
-            // snapshot a running interpreter: they build pinned, from the project's seed.)
-            let copy = dir.join(format!("{name}-copy"));
-            run_ok(Command::new("cp").arg("-r").arg(&project).arg(&copy));
-            run_ok(Command::new("find").arg(&copy).args([
-                "-exec",
-                "touch",
-                "-d",
-                "2001-02-03 04:05:06",
-                "{}",
-                "+",
-            ]));
-            // Built again, not found built: the copy's output removed and, for Rust, the
-            // package's artifacts in the shared target directory (cargo would take the copy,
-            // same name, older files, for the project already built).
-            std::fs::remove_file(copy.join("plugin.wasm")).unwrap();
-            if lang == "rust" {
-                run_ok(
-                    toolchain_env(&mut Command::new("cargo"))
-                        .args([
-                            "clean",
-                            "--release",
-                            "--target",
-                            "wasm32-wasip2",
-                            "-p",
-                            &name,
-                        ])
-                        .arg("--manifest-path")
-                        .arg(copy.join("Cargo.toml")),
-                );
-            }
-            let rebuilt = build(&copy);
-            if lang == "rust" {
-                let said = String::from_utf8_lossy(&rebuilt.stderr);
-                assert!(said.contains(&format!("Compiling {name}")), "{said}");
-            }
-            assert!(
-                std::fs::read(project.join("plugin.wasm")).unwrap()
-                    == std::fs::read(copy.join("plugin.wasm")).unwrap(),
-                "{lang}: two builds of the same source differ"
-            );
-            if lang == "python" {
-                // The seed is what the interpreter's random bytes (its string-hash key among
-                // them) come from: another seed, other bytes.
-                std::fs::write(copy.join("build-seed"), "0123456789abcdef\n").unwrap();
-                build(&copy);
-                assert!(
-                    std::fs::read(project.join("plugin.wasm")).unwrap()
-                        != std::fs::read(copy.join("plugin.wasm")).unwrap(),
-                    "{lang}: another seed built the same bytes"
-                );
-            }
-        }
-        // The project's table in the test's schema, and its config pointed there.
-        project_table(&env, &project, &name).await;
-        let out = Command::new(BIN)
-            .args(["plugin", "test", "plugin.wasm", "--config", "idemhost.toml"])
-            .args([
-                "--payload",
-                "sample.json",
-                "--event-type",
-                "NoteAdded",
-                "--json",
-            ])
-            .current_dir(&project)
-            .env("IDEMHOST_POSTGRES__URL", PG_URL.get())
-            .env("IDEMHOST_POSTGRES__SCHEMA", &env.schema)
-            .output()
-            .unwrap();
-        let r: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|_| panic!("{lang}: {}", String::from_utf8_lossy(&out.stderr)));
-        assert_eq!(
-            (out.status.code(), r["outcome"].as_str()),
-            (Some(0), Some("applied")),
-            "{lang}: {r:#}"
-        );
-        let insert = &r["statements"][0];
+/// `plugin new` makes a project in each language that `plugin build` builds, into the same
+/// bytes again from a copy with other file times (Python and JavaScript pinned, from the
+/// project's `build-seed`), and that `plugin test` applies. One test per language, so that
+/// they run side by side.
+async fn a_new_project_builds_and_applies(lang: &str) {
+    let env = TestEnv::new(&format!("plugin_new_{lang}")).await;
+    let dir = scratch(&format!("plugin-new-{lang}"));
+    let name = format!("notes-{lang}");
+    let project = dir.join(&name);
+    let created = run_ok(
+        Command::new(BIN)
+            .args(["plugin", "new", "--lang", lang, &name])
+            .arg(&project),
+    );
+    let shown = String::from_utf8_lossy(&created.stdout);
+    assert!(shown.contains("idemhost plugin build"), "{shown}");
+    if lang == "rust" {
         assert!(
-            insert["sql"]
-                .as_str()
-                .unwrap()
-                .starts_with("INSERT INTO note"),
-            "{lang}: {r:#}"
+            shown.contains("cargo build --release --target wasm32-wasip2"),
+            "{shown}"
         );
-        assert_eq!(insert["rows_affected"], 1, "{lang}: {r:#}");
-        assert_eq!(insert["params"][1], "hello", "{lang}: {r:#}");
-        assert!(!r["logs"].as_array().unwrap().is_empty(), "{lang}: {r:#}");
-        assert_eq!(
-            count(&env, "SELECT count(*) FROM note").await,
-            0,
-            "{lang}: rolled back"
-        );
-        assert_eq!(
-            count(&env, "SELECT count(*) FROM processed_message").await,
-            0,
-            "{lang}"
-        );
-        sqlx::raw_sql("DROP TABLE note")
-            .execute(&env.pool)
-            .await
-            .unwrap();
     }
+    let build = |dir: &Path| {
+        run_ok(
+            toolchain_env(&mut Command::new(BIN))
+                .args(["plugin", "build"])
+                .arg(dir),
+        )
+    };
+    if matches!(lang, "python" | "js") {
+        editor_types_check_the_handler(lang, &project);
+        let seed = std::fs::read_to_string(project.join("build-seed")).unwrap();
+        assert!(
+            seed.trim().len() == 16 && seed.trim().bytes().all(|b| b.is_ascii_hexdigit()),
+            "{lang}: build-seed {seed:?}"
+        );
+    }
+    // plugin build keeps the editor types current: a removed one is back after it.
+    let stub = match lang {
+        "python" => Some(project.join("typings/wit_world/imports/database.py")),
+        "js" => Some(project.join("types/interfaces/idemhost-consumer-database.d.ts")),
+        _ => None,
+    };
+    if let Some(stub) = &stub {
+        std::fs::remove_file(stub).unwrap();
+    }
+    let built = build(&project);
+    if let Some(stub) = &stub {
+        assert!(
+            stub.is_file(),
+            "{lang}: {} not written again",
+            stub.display()
+        );
+    }
+    // build-plugins.sh installed each toolchain where plugin build looks for it: nothing
+    // is installed again (offline, under unshare -n, an install would need a registry).
+    let said = String::from_utf8_lossy(&built.stderr);
+    assert!(!said.contains("== installing"), "{lang}: {said}");
+    {
+        // Reproducible: the same source in another directory, with other file times,
+        // builds the same bytes, in every language. (Python's and JavaScript's toolchains
+        // snapshot a running interpreter: they build pinned, from the project's seed.)
+        let copy = dir.join(format!("{name}-copy"));
+        run_ok(Command::new("cp").arg("-r").arg(&project).arg(&copy));
+        run_ok(Command::new("find").arg(&copy).args([
+            "-exec",
+            "touch",
+            "-d",
+            "2001-02-03 04:05:06",
+            "{}",
+            "+",
+        ]));
+        // Built again, not found built: the copy's output removed and, for Rust, the
+        // package's artifacts in the shared target directory (cargo would take the copy,
+        // same name, older files, for the project already built).
+        std::fs::remove_file(copy.join("plugin.wasm")).unwrap();
+        if lang == "rust" {
+            run_ok(
+                toolchain_env(&mut Command::new("cargo"))
+                    .args([
+                        "clean",
+                        "--release",
+                        "--target",
+                        "wasm32-wasip2",
+                        "-p",
+                        &name,
+                    ])
+                    .arg("--manifest-path")
+                    .arg(copy.join("Cargo.toml")),
+            );
+        }
+        let rebuilt = build(&copy);
+        if lang == "rust" {
+            let said = String::from_utf8_lossy(&rebuilt.stderr);
+            assert!(said.contains(&format!("Compiling {name}")), "{said}");
+        }
+        assert!(
+            std::fs::read(project.join("plugin.wasm")).unwrap()
+                == std::fs::read(copy.join("plugin.wasm")).unwrap(),
+            "{lang}: two builds of the same source differ"
+        );
+    }
+    // The project's table in the test's schema, and its config pointed there.
+    project_table(&env, &project, &name).await;
+    let out = Command::new(BIN)
+        .args(["plugin", "test", "plugin.wasm", "--config", "idemhost.toml"])
+        .args([
+            "--payload",
+            "sample.json",
+            "--event-type",
+            "NoteAdded",
+            "--json",
+        ])
+        .current_dir(&project)
+        .env("IDEMHOST_POSTGRES__URL", PG_URL.get())
+        .env("IDEMHOST_POSTGRES__SCHEMA", &env.schema)
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{lang}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(
+        (out.status.code(), r["outcome"].as_str()),
+        (Some(0), Some("applied")),
+        "{lang}: {r:#}"
+    );
+    let insert = &r["statements"][0];
+    assert!(
+        insert["sql"]
+            .as_str()
+            .unwrap()
+            .starts_with("INSERT INTO note"),
+        "{lang}: {r:#}"
+    );
+    assert_eq!(insert["rows_affected"], 1, "{lang}: {r:#}");
+    assert_eq!(insert["params"][1], "hello", "{lang}: {r:#}");
+    assert!(!r["logs"].as_array().unwrap().is_empty(), "{lang}: {r:#}");
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM note").await,
+        0,
+        "{lang}: rolled back"
+    );
+    assert_eq!(
+        count(&env, "SELECT count(*) FROM processed_message").await,
+        0,
+        "{lang}"
+    );
+    sqlx::raw_sql("DROP TABLE note")
+        .execute(&env.pool)
+        .await
+        .unwrap();
     env.cleanup().await;
+}
+
+#[tokio::test]
+async fn plugin_new_rust_project_builds_reproducibly_and_applies() {
+    a_new_project_builds_and_applies("rust").await;
+}
+
+#[tokio::test]
+async fn plugin_new_python_project_builds_reproducibly_and_applies() {
+    a_new_project_builds_and_applies("python").await;
+}
+
+#[tokio::test]
+async fn plugin_new_js_project_builds_reproducibly_and_applies() {
+    a_new_project_builds_and_applies("js").await;
+}
+
+#[tokio::test]
+async fn plugin_new_c_project_builds_reproducibly_and_applies() {
+    a_new_project_builds_and_applies("c").await;
 }
 
 /// The toolchains build-plugins.sh installed, and the plugins' cargo target directory (where

@@ -17,14 +17,19 @@ use super::Plugins;
 
 /// What identifies one content of a file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Identity {
+pub(crate) struct Identity {
     dev: u64,
     ino: u64,
     len: u64,
     mtime_ns: i128,
 }
 
-fn identity(path: &PathBuf) -> Option<Identity> {
+/// A consumer's plugin file, with its identity from before start-up read it.
+pub(crate) type Watched = (String, PathBuf, Option<Identity>);
+
+/// The file's identity now; `None` when it cannot be read. Taken before a file is read at
+/// start-up, so that a replacement between that read and the watcher's first look is a change.
+pub(crate) fn identity(path: &PathBuf) -> Option<Identity> {
     let m = std::fs::metadata(path).ok()?;
     Some(Identity {
         dev: m.dev(),
@@ -35,16 +40,21 @@ fn identity(path: &PathBuf) -> Option<Identity> {
 }
 
 /// Watches each `(consumer, file)` until `stop` turns true.
+/// Each file comes with its identity from before start-up read it (or read the shared store's
+/// version instead, which a later file change then overrides: the last change wins). Taken
+/// when the watcher first looked instead, a file replaced while the host started (or before
+/// this task first ran) was never swapped in.
 pub(crate) fn spawn(
     registry: Arc<Plugins>,
-    files: Vec<(String, PathBuf)>,
+    watched: Vec<Watched>,
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
+    let (files, mut seen): (Vec<(String, PathBuf)>, Vec<Option<Identity>>) = watched
+        .into_iter()
+        .map(|(consumer, path, seen)| ((consumer, path), seen))
+        .unzip();
     tokio::spawn(async move {
-        // Taken now: the versions loaded at start-up came from these files (or from the
-        // shared store, which a later file change then overrides: the last change wins).
-        let mut seen: Vec<Option<Identity>> = files.iter().map(|(_, p)| identity(p)).collect();
         // A swap compiles on a blocking thread for as long as its component takes: this loop
         // (other consumers' changes) does not wait for it (see `SwapQueues`).
         let mut swaps = super::SwapQueues::default();
