@@ -264,7 +264,7 @@ async fn last_messages(
             if !consumer
                 .subjects
                 .iter()
-                .any(|f| subject_matches(f, &message.subject))
+                .any(|f| idemhost::subject_matches(f, &message.subject))
             {
                 if pending == 0 {
                     break;
@@ -289,20 +289,6 @@ async fn last_messages(
         }
         window = window.saturating_mul(4);
     }
-}
-
-/// Whether `subject` is one `filter` names (`*` one token, `>` the rest).
-fn subject_matches(filter: &str, subject: &str) -> bool {
-    let mut tokens = subject.split('.');
-    for part in filter.split('.') {
-        match (part, tokens.next()) {
-            (">", Some(_)) => return true,
-            ("*", Some(_)) => {}
-            (p, Some(t)) if p == t => {}
-            _ => return false,
-        }
-    }
-    tokens.next().is_none()
 }
 
 /// One message through one version, rolled back: what it did, as lines to compare.
@@ -457,30 +443,4 @@ fn changed(old: &Run, new: &Run) -> Vec<String> {
         out.push(format!("+ candidate: {}", line(new)));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::subject_matches;
-
-    #[test]
-    fn subjects_match_as_nats_filters() {
-        for (filter, subject, expected) in [
-            ("orders.placed", "orders.placed", true),
-            ("orders.placed", "orders.placed.x", false),
-            ("orders.*", "orders.placed", true),
-            ("orders.*", "orders.placed.x", false),
-            ("orders.*", "orders", false),
-            ("orders.>", "orders.placed.x", true),
-            ("orders.>", "orders", false),
-            ("*.placed", "orders.placed", true),
-            (">", "a.b.c", true),
-        ] {
-            assert_eq!(
-                subject_matches(filter, subject),
-                expected,
-                "{filter} {subject}"
-            );
-        }
-    }
 }

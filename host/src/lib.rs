@@ -75,6 +75,8 @@ pub use plugin::{
     WasmHandler,
 };
 pub use sql_gate::SqlValue;
+/// NATS subject matching (`*`, `>`), as the host filters by it.
+pub use subjects::subject_matches;
 pub use tx_handle::{TxError, TxHandle};
 
 /// Internals the system tests in `tests/` drive directly. Not API: hidden from the docs, and

@@ -51,7 +51,7 @@ pub(crate) fn check_pattern(pattern: &str) -> Result<(), String> {
 }
 
 /// Whether NATS subject `pattern` (with `*` and `>` wildcards) matches literal `subject`.
-pub(crate) fn subject_matches(pattern: &str, subject: &str) -> bool {
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
     let mut subject_tokens = subject.split('.');
     for p in pattern.split('.') {
         match (p, subject_tokens.next()) {
@@ -73,6 +73,20 @@ mod tests {
         assert!(subject_matches("dlq.inventory", "dlq.inventory"));
         assert!(subject_matches("dlq.*", "dlq.inventory"));
         assert!(subject_matches("orders.>", "orders.dlq.x"));
+        for (filter, subject, expected) in [
+            ("orders.placed", "orders.placed.x", false),
+            ("orders.*", "orders.placed.x", false),
+            ("orders.*", "orders", false),
+            ("orders.>", "orders", false),
+            ("*.placed", "orders.placed", true),
+            (">", "a.b.c", true),
+        ] {
+            assert_eq!(
+                subject_matches(filter, subject),
+                expected,
+                "{filter} {subject}"
+            );
+        }
         assert!(!subject_matches("orders.placed", "orders.dlq"));
         assert!(!subject_matches("orders.*", "orders.dlq.x"));
         assert!(!subject_matches("orders.placed.x", "orders.placed"));
