@@ -164,6 +164,7 @@ pub async fn execute(command: PluginCommand) -> anyhow::Result<()> {
             let info = h.load_info();
             println!("{}: accepted", file.display());
             println!("  digest       {}", h.digest());
+            println!("  targets      {}", info.world);
             println!("  size         {} bytes", info.size);
             println!("  compiled in  {} ms", info.compile_time.as_millis());
             let wasi = if info.wasi_imports.is_empty() {

@@ -313,7 +313,7 @@ impl PluginRuntime {
             None => (compile()?, false),
         };
         let compile_time = started.elapsed();
-        let wasi_imports = world::check(&component, &self.engine).map_err(world_err)?;
+        let fit = world::check(&component, &self.engine).map_err(world_err)?;
         let instance_pre = self
             .linker
             .instantiate_pre(&component)
@@ -329,7 +329,8 @@ impl PluginRuntime {
                 size: bytes.len(),
                 compile_time,
                 from_cache,
-                wasi_imports,
+                wasi_imports: fit.wasi,
+                world: format!("idemhost:consumer@{}", fit.version),
             },
             timings: Arc::new(PluginTimings::default()),
         };
@@ -440,6 +441,9 @@ pub struct LoadInfo {
     pub from_cache: bool,
     /// The WASI interfaces the component imports (all harmless; see `world::GRANTED`).
     pub wasi_imports: Vec<String>,
+    /// The version of the WIT package the component was built against, as
+    /// `idemhost:consumer@0.1.0` (from its `handling` export).
+    pub world: String,
 }
 
 /// A loaded, validated plugin. Cheap to share: every delivery instantiates it afresh.

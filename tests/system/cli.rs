@@ -195,3 +195,42 @@ async fn missing_or_wrong_keys_are_one_line_errors() {
     .await
     .unwrap();
 }
+
+/// `plugin check` says which version of the WIT package a component was built against, for a
+/// component of every language, and names a refused one's reason with a non-zero exit.
+#[test]
+fn plugin_check_names_the_wit_version_a_component_targets() {
+    for name in ["inventory", "inventory-py", "inventory-js", "inventory-c"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+            .args(["plugin", "check"])
+            .arg(plugin_path(name))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert!(
+            said.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                    == ["targets", "idemhost:consumer@0.1.0"]),
+            "{name}: {said}"
+        );
+    }
+    let dir = tmpdir();
+    let other = dir.join("other-version.wasm");
+    std::fs::write(
+        &other,
+        wat::parse_str(r#"(component (import "idemhost:consumer/database@0.9.0" (instance)))"#)
+            .unwrap(),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+        .args(["plugin", "check"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("this host speaks idemhost:consumer@0.1.x"),
+        "{out:?}"
+    );
+}

@@ -509,6 +509,7 @@ async fn component_imports_only_granted_interfaces(lang: &str) {
             .iter()
             .any(|i| i.contains("filesystem") || i.contains("sockets") || i.contains("http"));
         assert!(!filesystem_or_sockets, "{name}: {:?}", info.wasi_imports);
+        assert_eq!(info.world, "idemhost:consumer@0.1.0", "{name}");
         println!(
             "{name}: {} bytes, wasi imports: {:?}",
             info.size, info.wasi_imports

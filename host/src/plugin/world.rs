@@ -44,10 +44,18 @@ pub(crate) const GRANTED: &[(&str, &str)] = &[
     ("wasi:cli/terminal-stderr", "no terminal"),
 ];
 
+/// What a component that fits the world imports and targets.
+pub(crate) struct Fit {
+    /// The WASI interfaces it imports (the capabilities it is granted beyond the world).
+    pub(crate) wasi: Vec<String>,
+    /// The `idemhost:consumer` version it was built against, from its `handling` export
+    /// (`0.1.0`).
+    pub(crate) version: String,
+}
+
 /// Checks the component's imports against [`GRANTED`] and that it exports `handling`.
-/// Returns the WASI interfaces it imports (the capabilities it is granted beyond the world),
-/// or the reason it is refused.
-pub(crate) fn check(component: &Component, engine: &Engine) -> Result<Vec<String>, String> {
+/// Returns what it imports and targets, or the reason it is refused.
+pub(crate) fn check(component: &Component, engine: &Engine) -> Result<Fit, String> {
     let ty = component.component_type();
     let mut wasi = Vec::new();
     for (name, _) in ty.imports(engine) {
@@ -68,11 +76,12 @@ pub(crate) fn check(component: &Component, engine: &Engine) -> Result<Vec<String
         }
     }
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
-    let handles = exports.iter().any(|name| {
+    let handles = exports.iter().find_map(|name| {
         name.split_once('@')
-            .is_some_and(|(i, v)| i == HANDLING && v.starts_with(IDEMHOST_VERSION))
+            .filter(|(i, v)| *i == HANDLING && v.starts_with(IDEMHOST_VERSION))
+            .map(|(_, v)| v)
     });
-    if !handles {
+    let Some(version) = handles else {
         return Err(format!(
             "it does not export `{HANDLING}@{IDEMHOST_VERSION}x` (it exports: {})",
             if exports.is_empty() {
@@ -81,8 +90,11 @@ pub(crate) fn check(component: &Component, engine: &Engine) -> Result<Vec<String
                 exports.join(", ")
             }
         ));
-    }
-    Ok(wasi)
+    };
+    Ok(Fit {
+        wasi,
+        version: version.to_string(),
+    })
 }
 
 fn granted_summary() -> String {
