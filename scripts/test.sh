@@ -33,7 +33,7 @@ plugins_log=$(mktemp)
 setsid scripts/build-plugins.sh >"$plugins_log" 2>&1 &
 plugins_pid=$!
 # A lint's failure ends the suite: the plugins' build (its own process group) ends with it.
-trap 'kill -- -"$plugins_pid" 2>/dev/null || true' EXIT
+trap 'kill -- -"$plugins_pid" 2>/dev/null || true; rm -f "$plugins_log"' EXIT
 plugins_built() {
   local status=0
   wait "$plugins_pid" || status=$?
