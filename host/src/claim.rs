@@ -92,6 +92,10 @@ pub struct ClaimSettings {
     /// The longest a group-commit transaction waits for a lock (`batch_lock_timeout`; `None`:
     /// as long as the server lets it). See `Wall::begin_group_sql`.
     pub group_lock_timeout: Option<Duration>,
+    /// The `synchronous_commit` the delivery connections log in with, beside this
+    /// `statement_timeout` (see `pg::wall::login_settings`): the transactions then set
+    /// neither. `None`: each transaction sets both.
+    pub settings_at_login: Option<String>,
 }
 
 impl ClaimSettings {
@@ -108,6 +112,7 @@ impl ClaimSettings {
             retry_cap: Duration::from_secs(1),
             keep_connections: c.max_in_flight as usize,
             group_lock_timeout: Some(c.batch_lock_timeout.0).filter(|t| !t.is_zero()),
+            settings_at_login: None,
         }
     }
 
@@ -124,6 +129,7 @@ impl ClaimSettings {
             retry_cap: Duration::from_secs(1),
             keep_connections: 0,
             group_lock_timeout: Some(crate::config::DEFAULT_BATCH_LOCK_TIMEOUT),
+            settings_at_login: None,
         }
     }
 }
@@ -295,11 +301,12 @@ impl Claimer {
         self.wall
             .get_or_try_init(|| async {
                 let s = &self.settings;
-                Wall::load(
+                Wall::load_for(
                     &self.host_pool,
                     s.isolation,
                     s.statement_timeout,
                     s.group_lock_timeout,
+                    s.settings_at_login.is_some(),
                 )
                 .await
                 .map(Arc::new)

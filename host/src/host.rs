@@ -469,10 +469,25 @@ pub(crate) async fn plugin_claimer(
     pg::wall::provision(pool, c, &role).await?;
     // With partitions every partition may have a delivery running.
     let size = c.max_in_flight.max(c.partitions).max(1);
-    let plugin_pool =
-        pg::wall::role_pool(postgres, failover, &role, c.role_password.as_deref(), size).await?;
     let mut settings = ClaimSettings::for_consumer(c);
+    // The durability the operator configured, and the consumer's statement timeout, carried
+    // by the role's connections from their login: the transactions need not set them.
+    let synchronous_commit: String =
+        sqlx::query_scalar("SELECT pg_catalog.current_setting('synchronous_commit')")
+            .fetch_one(pool)
+            .await?;
+    let login = pg::wall::login_settings(&synchronous_commit, settings.statement_timeout);
+    let plugin_pool = pg::wall::role_pool(
+        postgres,
+        failover,
+        &role,
+        c.role_password.as_deref(),
+        size,
+        &login,
+    )
+    .await?;
     settings.keep_connections = size as usize;
+    settings.settings_at_login = Some(synchronous_commit);
     info!(consumer = %c.name, %role, connections = size, "plugin role ready");
     Ok(Claimer::with_plugin_pool(pool.clone(), plugin_pool, settings).following(failover))
 }

@@ -204,6 +204,25 @@ fn clear_sql(
     )
 }
 
+/// The settings a delivery's statements and its COMMIT run with: the server's
+/// `synchronous_commit` (as the host read it) and the consumer's `statement_timeout` in
+/// milliseconds. Either set in each transaction (`SET LOCAL`, then again after the clearing),
+/// or carried by the consumer's connections from their login ([`role_pool`]'s `login`), where
+/// a plugin cannot move them for later deliveries: a value given at login outranks the role's
+/// and the database's (`ALTER ROLE ... SET`), and `RESET ALL` returns to it.
+pub(crate) fn login_settings(
+    synchronous_commit: &str,
+    statement_timeout: std::time::Duration,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("synchronous_commit", synchronous_commit.to_string()),
+        (
+            "statement_timeout",
+            statement_timeout.as_millis().max(1).to_string(),
+        ),
+    ]
+}
+
 /// `name` as a quoted identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -219,11 +238,36 @@ impl Wall {
     /// `synchronous_commit` again: nothing a plugin set — in its transaction, or for its role
     /// (`ALTER ROLE ... SET`) — decides how the host's own statements and the COMMIT run. The
     /// session is cleared as the delivery ends ([`SESSION_CLEAR`]).
+    #[cfg_attr(not(feature = "test-support"), allow(dead_code))]
     pub async fn load(
         pool: &PgPool,
         isolation: crate::config::Isolation,
         statement_timeout: std::time::Duration,
         group_lock_timeout: Option<std::time::Duration>,
+    ) -> Result<Wall, sqlx::Error> {
+        Self::load_for(
+            pool,
+            isolation,
+            statement_timeout,
+            group_lock_timeout,
+            false,
+        )
+        .await
+    }
+
+    /// [`Wall::load`] for connections that log in with the host's `synchronous_commit` and
+    /// `statement_timeout` when `at_login` (see [`login_settings`]): a delivery's transaction
+    /// then sets neither, and its clearing sets nothing after `RESET ALL`, which returns every
+    /// setting to its value at login. The two `SET LOCAL`s sent ahead of the claim cost the
+    /// server ~20 µs per transaction (pgbench, pipelined as the host sends them), and in
+    /// `idemhost bench` the server's CPU per delivery went from 524 to 467 µs without them and
+    /// the `set_config` after the clearing (docs/benchmark.md).
+    pub(crate) async fn load_for(
+        pool: &PgPool,
+        isolation: crate::config::Isolation,
+        statement_timeout: std::time::Duration,
+        group_lock_timeout: Option<std::time::Duration>,
+        at_login: bool,
     ) -> Result<Wall, sqlx::Error> {
         let row = sqlx::query(
             "SELECT current_schema()::text, k.key, current_setting('synchronous_commit'), \
@@ -261,10 +305,15 @@ impl Wall {
             clear_sql(&s, form, settings, read_only, None)
         };
         // The clearing, then the durability the operator configured (`set_config(..., true)` is
-        // `SET LOCAL`; `RESET ALL` undid the one of the BEGIN), then COMMIT. An aborted
+        // `SET LOCAL`; `RESET ALL` undid the one of the BEGIN), then COMMIT. Where the
+        // connection logged in with it, `RESET ALL` itself returns to it. An aborted
         // transaction refuses the first statement (25P02), so such a commit fails instead of
         // answering ROLLBACK.
-        let durable = std::slice::from_ref(&durability);
+        let durable: &[(&str, String)] = if at_login {
+            &[]
+        } else {
+            std::slice::from_ref(&durability)
+        };
         // The claim's id goes where this marker is (the host's own text: never in a setting).
         const CLAIM: &str = "\u{0}claim\u{0}";
         let commit_sql = super::CommitSql {
@@ -283,13 +332,14 @@ impl Wall {
                 }),
         };
         let rollback_sql = format!("ROLLBACK; {}", clear(&[], false));
-        let mut locals = vec![
-            durability,
-            (
-                "statement_timeout",
-                statement_timeout.as_millis().max(1).to_string(),
-            ),
-        ];
+        let mut locals: Vec<(&str, String)> = if at_login {
+            Vec::new()
+        } else {
+            login_settings(&synchronous_commit, statement_timeout)
+                .into_iter()
+                .map(|(name, value)| (name, value.replace('\'', "''")))
+                .collect()
+        };
         let begin = format!("BEGIN ISOLATION LEVEL {} READ WRITE", isolation.sql());
         let opening = begin_statements(&begin, &locals);
         if let Some(t) = group_lock_timeout {
@@ -468,14 +518,17 @@ pub fn connect_as(
 }
 
 /// A pool of connections logged in as `role`, checked by one connection; it follows `failover`.
+/// Its connections log in with the settings of `login` (see [`login_settings`]).
 pub async fn role_pool(
     postgres: &PostgresConfig,
     failover: &std::sync::Arc<super::Failover>,
     role: &str,
     password: Option<&str>,
     max_connections: u32,
+    login: &[(&'static str, String)],
 ) -> anyhow::Result<PgPool> {
-    let options = role_connect_options(postgres, failover, role, password)?;
+    let options = role_connect_options(postgres, failover, role, password)?
+        .options(login.iter().map(|(n, v)| (*n, v.as_str())));
     let pool = failover
         .pool_options()
         .max_connections(max_connections.max(1))

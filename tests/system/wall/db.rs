@@ -8,8 +8,11 @@ use super::*;
 /// What a probe delivery records of the session it runs in.
 pub const PROBE_SQL: &str = "INSERT INTO probe \
     SELECT $1, pg_backend_pid(), current_user, session_user, \
-        current_setting('synchronous_commit'), current_setting('search_path'), \
-        current_setting('statement_timeout'), current_setting('default_transaction_read_only'), \
+        (SELECT s.setting || ' from ' || s.source FROM pg_show_all_settings() AS s WHERE s.name = 'synchronous_commit'), \
+        current_setting('search_path'), \
+        current_setting('statement_timeout') || ' from ' || \
+            (SELECT s.source FROM pg_show_all_settings() AS s WHERE s.name = 'statement_timeout'), \
+        current_setting('default_transaction_read_only'), \
         current_setting('transaction_read_only'), current_setting('client_encoding'), \
         current_setting('lock_timeout'), \
         (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()), \
