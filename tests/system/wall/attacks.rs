@@ -105,6 +105,16 @@ pub fn attacks(schema: &str, victim_stream: &str, kv_bucket: &str, allowed: &str
             "ALTER ROLE CURRENT_USER SET synchronous_commit = off",
         )],
     );
+    // The role's own defaults, then its session ended so that the next delivery logs in
+    // afresh: the host's values given at login outrank the role's.
+    add(
+        "alter own timeout and durability, then a new session",
+        vec![
+            execute("ALTER ROLE CURRENT_USER SET statement_timeout = 0"),
+            execute("ALTER ROLE CURRENT_USER SET synchronous_commit = off"),
+            query("SELECT pg_terminate_backend(pg_backend_pid())"),
+        ],
+    );
     // -- settings that later deliveries or the host's own statements would run with
     add(
         "pg_settings synchronous_commit",
