@@ -80,7 +80,7 @@ pub struct BenchOptions {
     pub plugin: PathBuf,
     /// `batch_max` of the group-commit runs (0: skip them; at most 64). With the other
     /// `--batch-*` defaults the run is adaptive group commit at `c` transactions: what a
-    /// consumer gets with `batch_max = 16` and `batch_linger = "0s"` beside `max_in_flight = c`.
+    /// consumer gets with `batch_max = 16` and `batch_linger = "2ms"` beside `max_in_flight = c`.
     #[arg(long, default_value_t = 16)]
     pub batch_max: u32,
     /// `max_in_flight` (transactions) of the group-commit runs (0: the concurrency of the run).
@@ -89,9 +89,9 @@ pub struct BenchOptions {
     /// The host runs to make at each concurrency, of `wasm`, `native` and `batch`.
     #[arg(long, value_delimiter = ',', default_value = "wasm,native,batch")]
     pub modes: Vec<String>,
-    /// `batch_linger` of the group-commit runs (`0s`: a group starts as soon as a transaction
-    /// is free).
-    #[arg(long, default_value = "0s")]
+    /// `batch_linger` of the group-commit runs: how long a group's first delivery waits for
+    /// company while another group runs (`0s`: a group starts as soon as a transaction is free).
+    #[arg(long, default_value = "2ms")]
     pub batch_linger: String,
     /// `batch_lock_timeout` of the group-commit runs.
     #[arg(long, default_value = "50ms")]
@@ -760,7 +760,8 @@ fn mode_config(o: &BenchOptions, mode: &str, c: u32) -> String {
 /// defaults (`batch_max` 16, no linger, `max_in_flight` transactions), else `wasm`.
 fn default_mode(o: &BenchOptions, runs: &[HostRun]) -> &'static str {
     let defaults = o.batch_max == idemhost::config::DEFAULT_BATCH_MAX
-        && humantime::parse_duration(&o.batch_linger).is_ok_and(|d| d.is_zero())
+        && humantime::parse_duration(&o.batch_linger)
+            .is_ok_and(|d| d == idemhost::config::DEFAULT_BATCH_LINGER)
         && humantime::parse_duration(&o.batch_lock_timeout)
             .is_ok_and(|d| d == idemhost::config::DEFAULT_BATCH_LOCK_TIMEOUT)
         && o.batch_in_flight == 0;

@@ -14,7 +14,7 @@ pub use consumer::{
     ConsumerConfig, KeySpec, MAX_MESSAGE_ID_BYTES, OrderingConfig, is_kv_key, is_plain_identifier,
 };
 use defaults::*;
-pub use defaults::{DEFAULT_BATCH_LOCK_TIMEOUT, DEFAULT_BATCH_MAX};
+pub use defaults::{DEFAULT_BATCH_LINGER, DEFAULT_BATCH_LOCK_TIMEOUT, DEFAULT_BATCH_MAX};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]

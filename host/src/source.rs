@@ -269,7 +269,10 @@ impl ConsumerRuntime {
                         .progress_at
                         .unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
                 );
-                let due = gathering.due(batch_max);
+                // With no transaction of this consumer running a group starts at once: waiting
+                // for company saves nothing there, and a delivery at low load is not delayed.
+                let due =
+                    gathering.due(batch_max) || (!gathering.group.is_empty() && group_limit.idle());
                 let lingering = gathering.lingering(batch_max);
                 let waiting = gathering.progress_at.is_some();
                 // In this order: a due group takes a free slot before more is gathered.

@@ -309,6 +309,72 @@ async fn group_commit_with_no_linger_adapts_to_the_load() {
     env.cleanup().await;
 }
 
+/// `batch_linger` holds a group's first delivery only while another group of the consumer
+/// runs. Idle, a delivery starts at once however long the linger (before, each waited it out:
+/// 10 s here); while a slow group holds one of the two transactions, the deliveries arriving
+/// behind it gather instead of starting one by one in the free one, and start together as soon
+/// as no group runs, not at the end of the linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_linger_waits_for_company_only_while_a_group_runs() {
+    let env = TestEnv::new("batch_linger").await;
+    let nats = NatsEnv::new("batch_linger", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        CONSUMER,
+        "testkit",
+        "max_in_flight = 2\nbatch_max = 50\nbatch_linger = \"10s\"",
+    )));
+    let quick = r#"{"steps":[]}"#;
+    for i in 0..3 {
+        nats.publish(Some(&format!("calm-{i}")), quick).await;
+        wait_until(
+            Duration::from_secs(5),
+            "a delivery on an idle consumer",
+            || async { (env.markers(CONSUMER).await == i + 1).then_some(()) },
+        )
+        .await;
+    }
+    assert_eq!(marker_transactions(&env, CONSUMER).await, 3, "each alone");
+    // One group holds a transaction 1.5 s; ten deliveries arrive behind it.
+    nats.publish(
+        Some("slow"),
+        r#"{"steps":[{"query":"SELECT pg_sleep(1.51)"}]}"#,
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(5),
+        "the slow group to start",
+        || async {
+            let running: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(1.51)%'",
+            )
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+            (running > 0).then_some(())
+        },
+    )
+    .await;
+    for i in 0..10 {
+        nats.publish(Some(&format!("behind-{i}")), quick).await;
+    }
+    wait_until(
+        Duration::from_secs(8),
+        "the deliveries behind it, before the linger ends",
+        || async { (env.markers(CONSUMER).await == 14).then_some(()) },
+    )
+    .await;
+    let behind = marker_transactions(&env, CONSUMER).await - 4;
+    assert!(
+        behind <= 2,
+        "the ten deliveries behind a running group committed in {behind} transactions"
+    );
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
 /// Deliveries pulled ahead of a busy transaction are told in progress while they wait: with
 /// one transaction at a time, groups of up to 4 that each hold it 1.6 s and `ack_wait = "1s"`,
 /// the deliveries waiting behind a running group outlive their ack deadline several times

@@ -37,8 +37,14 @@ pub(super) fn default_max_connections() -> u32 {
     16
 }
 
+/// `batch_linger` when absent: how long a group's first delivery waits for company while
+/// another group of the consumer is running (with none running it starts at once). With 0,
+/// a consumer at half its peak ran groups of one or two, each paying a whole transaction, until
+/// the CPU ran out and a queue formed (`idemhost bench`, docs/benchmark.md).
+pub const DEFAULT_BATCH_LINGER: Duration = Duration::from_millis(2);
+
 pub(super) fn default_batch_linger() -> HumanDuration {
-    HumanDuration(Duration::ZERO)
+    HumanDuration(DEFAULT_BATCH_LINGER)
 }
 
 /// How long a group-commit transaction waits for a lock by default (`batch_lock_timeout`).
@@ -103,7 +109,7 @@ pub(super) fn default_application_name() -> String {
 }
 
 /// `batch_max` when absent (see [`super::ConsumerConfig::batch_max`]): group commit is the
-/// default, and at low load every group is one delivery (`batch_linger` is 0).
+/// default, and at low load every group is one delivery (a group starts at once while none runs).
 pub const DEFAULT_BATCH_MAX: u32 = 16;
 
 pub(super) fn default_max_deliver() -> u32 {

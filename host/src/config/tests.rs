@@ -256,7 +256,7 @@ fn group_commit_is_the_default_except_where_order_rules() {
     let c = parse(SAMPLE, &[]).unwrap();
     let con = &c.consumers[0];
     assert_eq!(con.batch_max(), 16);
-    assert_eq!(con.batch_linger.0, Duration::ZERO);
+    assert_eq!(con.batch_linger.0, crate::config::DEFAULT_BATCH_LINGER);
     assert_eq!(con.batch_lock_timeout.0, Duration::from_millis(50));
     let with = |extra: &str| parse(&format!("{SAMPLE}\n{extra}\n"), &[]);
     assert_eq!(with("batch_max = 1").unwrap().consumers[0].batch_max(), 1);

@@ -54,8 +54,8 @@ impl Gathering {
 
     /// Whether the group should start as soon as a transaction slot is free: it is full, or
     /// its first delivery has waited `batch_linger`. Until a slot is free it keeps gathering,
-    /// so under load batches grow and at low load each delivery starts at once (with
-    /// `batch_linger = 0`).
+    /// so under load batches grow. The pull loop also starts it when no group of the consumer
+    /// runs (`GroupLimit::idle`), so at low load each delivery starts at once.
     pub(super) fn due(&self, batch_max: usize) -> bool {
         !self.group.is_empty()
             && (self.group.len() >= batch_max

@@ -44,6 +44,13 @@ impl GroupLimit {
         }
     }
 
+    /// Whether no group's transaction is running: every permit in existence is free.
+    pub(super) fn idle(&self) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|s| self.slots.available_permits() >= s.limit + s.debt)
+    }
+
     /// Gives back a group's slot once its transaction is over. `conflicted`: it met a
     /// serialization failure or deadlock; `size`: its deliveries — only a group of several
     /// counts as clean (a delivery alone holds its locks too briefly to show that groups no
