@@ -312,8 +312,9 @@ async fn group_commit_with_no_linger_adapts_to_the_load() {
 /// `batch_linger` holds a group's first delivery only while another group of the consumer
 /// runs. Idle, a delivery starts at once however long the linger (before, each waited it out:
 /// 10 s here); while a slow group holds one of the two transactions, the deliveries arriving
-/// behind it gather instead of starting one by one in the free one, and start together as soon
-/// as no group runs, not at the end of the linger.
+/// behind it gather instead of starting one by one in the free one, and start together once no
+/// group runs, at the pull loop's next turn (a delivery arriving, the pull request ending:
+/// within its 5 s here), not at the end of the linger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_linger_waits_for_company_only_while_a_group_runs() {
     let env = TestEnv::new("batch_linger").await;
