@@ -288,6 +288,8 @@ impl ConsumerRuntime {
                     }
                     n = batch.next() => n,
                     _ = linger, if lingering => continue,
+                    // The last running group ended: what lingers starts now.
+                    () = group_limit.became_idle(), if lingering && !due => continue,
                     _ = progress, if waiting => {
                         let waiting: Vec<&jetstream::Message> =
                             gathering.group.iter().map(|(m, _)| m).collect();

@@ -312,9 +312,9 @@ async fn group_commit_with_no_linger_adapts_to_the_load() {
 /// `batch_linger` holds a group's first delivery only while another group of the consumer
 /// runs. Idle, a delivery starts at once however long the linger (before, each waited it out:
 /// 10 s here); while a slow group holds one of the two transactions, the deliveries arriving
-/// behind it gather instead of starting one by one in the free one, and start together once no
-/// group runs, at the pull loop's next turn (a delivery arriving, the pull request ending:
-/// within its 5 s here), not at the end of the linger.
+/// behind it gather instead of starting one by one in the free one, and start together as soon
+/// as it ends (before, at the pull request's end, up to 5 s later), not at the end of the
+/// linger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_linger_waits_for_company_only_while_a_group_runs() {
     let env = TestEnv::new("batch_linger").await;
@@ -337,10 +337,10 @@ async fn the_linger_waits_for_company_only_while_a_group_runs() {
         .await;
     }
     assert_eq!(marker_transactions(&env, CONSUMER).await, 3, "each alone");
-    // One group holds a transaction 1.5 s; ten deliveries arrive behind it.
+    // One group holds a transaction 2 s; ten deliveries arrive behind it.
     nats.publish(
         Some("slow"),
-        r#"{"steps":[{"query":"SELECT pg_sleep(1.51)"}]}"#,
+        r#"{"steps":[{"query":"SELECT pg_sleep(2.01)"}]}"#,
     )
     .await;
     wait_until(
@@ -348,7 +348,7 @@ async fn the_linger_waits_for_company_only_while_a_group_runs() {
         "the slow group to start",
         || async {
             let running: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(1.51)%'",
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(2.01)%'",
             )
             .fetch_one(&env.pool)
             .await
@@ -361,8 +361,16 @@ async fn the_linger_waits_for_company_only_while_a_group_runs() {
         nats.publish(Some(&format!("behind-{i}")), quick).await;
     }
     wait_until(
-        Duration::from_secs(8),
-        "the deliveries behind it, before the linger ends",
+        Duration::from_secs(5),
+        "the slow group's commit",
+        || async { (env.markers(CONSUMER).await >= 4).then_some(()) },
+    )
+    .await;
+    // Once the slow group's transaction is over no group runs: the deliveries lingering
+    // behind it start then, not when the pull request or the linger ends.
+    wait_until(
+        Duration::from_secs(2),
+        "the deliveries behind it, once no group runs",
         || async { (env.markers(CONSUMER).await == 14).then_some(()) },
     )
     .await;

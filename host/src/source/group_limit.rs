@@ -19,6 +19,9 @@ pub(super) struct GroupLimit {
     slots: Arc<Semaphore>,
     max: usize,
     state: Mutex<State>,
+    /// Told when a group's slot comes back and no group runs any more (see
+    /// [`GroupLimit::became_idle`]).
+    idle_now: tokio::sync::Notify,
 }
 
 /// Permits in existence (available or held) are always `limit + debt`.
@@ -41,6 +44,7 @@ impl GroupLimit {
                 debt: 0,
                 clean: 0,
             }),
+            idle_now: tokio::sync::Notify::new(),
         }
     }
 
@@ -49,6 +53,12 @@ impl GroupLimit {
         self.state
             .lock()
             .is_ok_and(|s| self.slots.available_permits() >= s.limit + s.debt)
+    }
+
+    /// Completes once a group's slot came back leaving no group running (at once if that
+    /// happened since the last wait: a lingering group then looks again, and starts).
+    pub(super) async fn became_idle(&self) {
+        self.idle_now.notified().await;
     }
 
     /// Gives back a group's slot once its transaction is over. `conflicted`: it met a
@@ -92,6 +102,9 @@ impl GroupLimit {
         if s.debt > 0 {
             let forgotten = self.slots.forget_permits(s.debt);
             s.debt -= forgotten;
+        }
+        if self.slots.available_permits() >= s.limit + s.debt {
+            self.idle_now.notify_one();
         }
         s.limit
     }
