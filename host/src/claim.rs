@@ -92,10 +92,10 @@ pub struct ClaimSettings {
     /// The longest a group-commit transaction waits for a lock (`batch_lock_timeout`; `None`:
     /// as long as the server lets it). See `Wall::begin_group_sql`.
     pub group_lock_timeout: Option<Duration>,
-    /// The `synchronous_commit` the delivery connections log in with, beside this
-    /// `statement_timeout` (see `pg::wall::login_settings`): the transactions then set
-    /// neither. `None`: each transaction sets both.
-    pub settings_at_login: Option<String>,
+    /// Whether the delivery connections log in with the server's `synchronous_commit` and
+    /// this `statement_timeout` (see `pg::wall::login_settings`): the transactions then set
+    /// neither. `false`: each transaction sets both.
+    pub settings_at_login: bool,
 }
 
 impl ClaimSettings {
@@ -112,7 +112,7 @@ impl ClaimSettings {
             retry_cap: Duration::from_secs(1),
             keep_connections: c.max_in_flight as usize,
             group_lock_timeout: Some(c.batch_lock_timeout.0).filter(|t| !t.is_zero()),
-            settings_at_login: None,
+            settings_at_login: false,
         }
     }
 
@@ -129,7 +129,7 @@ impl ClaimSettings {
             retry_cap: Duration::from_secs(1),
             keep_connections: 0,
             group_lock_timeout: Some(crate::config::DEFAULT_BATCH_LOCK_TIMEOUT),
-            settings_at_login: None,
+            settings_at_login: false,
         }
     }
 }
@@ -306,7 +306,7 @@ impl Claimer {
                     s.isolation,
                     s.statement_timeout,
                     s.group_lock_timeout,
-                    s.settings_at_login.is_some(),
+                    s.settings_at_login,
                 )
                 .await
                 .map(Arc::new)

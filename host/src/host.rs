@@ -487,7 +487,7 @@ pub(crate) async fn plugin_claimer(
     )
     .await?;
     settings.keep_connections = size as usize;
-    settings.settings_at_login = Some(synchronous_commit);
+    settings.settings_at_login = true;
     info!(consumer = %c.name, %role, connections = size, "plugin role ready");
     Ok(Claimer::with_plugin_pool(pool.clone(), plugin_pool, settings).following(failover))
 }

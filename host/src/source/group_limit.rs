@@ -33,6 +33,13 @@ struct State {
     clean: usize,
 }
 
+impl State {
+    /// Whether every permit in existence (`limit + debt`) is free in `slots`: no group runs.
+    fn all_free(&self, slots: &Semaphore) -> bool {
+        slots.available_permits() >= self.limit + self.debt
+    }
+}
+
 impl GroupLimit {
     /// A limit of `max` on `slots`, which must hold `max` permits.
     pub(super) fn new(slots: Arc<Semaphore>, max: usize) -> Self {
@@ -50,9 +57,7 @@ impl GroupLimit {
 
     /// Whether no group's transaction is running: every permit in existence is free.
     pub(super) fn idle(&self) -> bool {
-        self.state
-            .lock()
-            .is_ok_and(|s| self.slots.available_permits() >= s.limit + s.debt)
+        self.state.lock().is_ok_and(|s| s.all_free(&self.slots))
     }
 
     /// Completes once a group's slot came back leaving no group running (at once if that
@@ -103,7 +108,7 @@ impl GroupLimit {
             let forgotten = self.slots.forget_permits(s.debt);
             s.debt -= forgotten;
         }
-        if self.slots.available_permits() >= s.limit + s.debt {
+        if s.all_free(&self.slots) {
             self.idle_now.notify_one();
         }
         s.limit
