@@ -16,7 +16,8 @@ use idemhost::config::{Config, ConsumerConfig};
 use idemhost::headers::EVENT_TYPE_HEADER;
 use idemhost::rehearsal::{self, Refused, StatementResult, Traced};
 use idemhost::{
-    Message, Outcome, PluginLimits, PluginRuntime, PoolSizing, Processed, SqlValue, WasmHandler,
+    Message, Outcome, PluginLimits, PluginRuntime, PoolSizing, Processed, SqlArray, SqlValue,
+    WasmHandler,
 };
 
 /// What `plugin test` runs.
@@ -288,7 +289,10 @@ pub(super) fn load_bytes(
         timeout: consumer.handler_timeout.0,
         memory: consumer.memory_limit.0 as usize,
     };
-    Ok(runtime.load_bytes(bytes, origin, limits)?)
+    let config = std::sync::Arc::new(consumer.config.clone());
+    Ok(runtime
+        .load_bytes(bytes, origin, limits)?
+        .with_config(config))
 }
 
 /// The message as a delivery of it would be read: the id from the same headers, by the same
@@ -708,6 +712,67 @@ pub(super) fn show(v: &SqlValue) -> String {
         SqlValue::Text(s) => format!("{:?}", one_line(s, 80)),
         SqlValue::Json(s) => format!("json {}", one_line(s, 80)),
         SqlValue::Bytes(b) => format!("{} bytes", b.len()),
+        SqlValue::Numeric(s) => format!("numeric {}", one_line(s, 80)),
+        SqlValue::Timestamp(t) => format!("timestamp {}", timestamp(*t)),
+        SqlValue::Date(d) => format!("date {}", date(*d)),
+        SqlValue::Uuid(s) => format!("uuid {}", one_line(s, 80)),
+        SqlValue::Array(a) => {
+            let n = array_len(a);
+            format!("array of {n}")
+        }
+    }
+}
+
+fn array_len(a: &SqlArray) -> usize {
+    match a {
+        SqlArray::Boolean(v) => v.len(),
+        SqlArray::Int(v) | SqlArray::Timestamp(v) => v.len(),
+        SqlArray::Float(v) => v.len(),
+        SqlArray::Text(v) | SqlArray::Numeric(v) | SqlArray::Uuid(v) => v.len(),
+        SqlArray::Date(v) => v.len(),
+    }
+}
+
+/// A day count since 1970-01-01 as `YYYY-MM-DD` (proleptic Gregorian; H. Hinnant's
+/// civil-from-days).
+fn civil(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + (m <= 2) as i64, m, d)
+}
+
+fn date(days: i32) -> String {
+    match days {
+        i32::MAX => "infinity".into(),
+        i32::MIN => "-infinity".into(),
+        d => {
+            let (y, m, d) = civil(d.into());
+            format!("{y:04}-{m:02}-{d:02}")
+        }
+    }
+}
+
+fn timestamp(micros: i64) -> String {
+    match micros {
+        i64::MAX => "infinity".into(),
+        i64::MIN => "-infinity".into(),
+        t => {
+            let (y, m, d) = civil(t.div_euclid(86_400_000_000));
+            let of_day = t.rem_euclid(86_400_000_000);
+            let (s, us) = (of_day / 1_000_000, of_day % 1_000_000);
+            format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{us:06}Z",
+                s / 3600,
+                s / 60 % 60,
+                s % 60
+            )
+        }
     }
 }
 
@@ -720,5 +785,26 @@ fn to_json(v: &SqlValue) -> Value {
         SqlValue::Text(s) => json!(s),
         SqlValue::Json(s) => json!({"json": s}),
         SqlValue::Bytes(b) => json!({"bytes": b.len()}),
+        SqlValue::Numeric(s) => json!({"numeric": s}),
+        SqlValue::Timestamp(t) => json!({"timestamp": timestamp(*t)}),
+        SqlValue::Date(d) => json!({"date": date(*d)}),
+        SqlValue::Uuid(s) => json!({"uuid": s}),
+        SqlValue::Array(a) => json!({"array": array_json(a)}),
+    }
+}
+
+fn array_json(a: &SqlArray) -> Value {
+    fn each<T>(v: &[Option<T>], f: impl Fn(&T) -> Value) -> Value {
+        v.iter()
+            .map(|i| i.as_ref().map_or(Value::Null, &f))
+            .collect()
+    }
+    match a {
+        SqlArray::Boolean(v) => each(v, |b| json!(b)),
+        SqlArray::Int(v) => each(v, |i| json!(i)),
+        SqlArray::Float(v) => each(v, |f| json!(f)),
+        SqlArray::Text(v) | SqlArray::Numeric(v) | SqlArray::Uuid(v) => each(v, |s| json!(s)),
+        SqlArray::Timestamp(v) => each(v, |t| json!(timestamp(*t))),
+        SqlArray::Date(v) => each(v, |d| json!(date(*d))),
     }
 }

@@ -11,7 +11,8 @@ mod defaults;
 pub(crate) mod postgres_url;
 
 pub use consumer::{
-    ConsumerConfig, KeySpec, MAX_MESSAGE_ID_BYTES, OrderingConfig, is_kv_key, is_plain_identifier,
+    ConsumerConfig, KeySpec, MAX_MESSAGE_ID_BYTES, MAX_PLUGIN_CONFIG_ENTRIES,
+    MAX_PLUGIN_CONFIG_VALUE, OrderingConfig, is_kv_key, is_plain_identifier,
 };
 use defaults::*;
 pub use defaults::{DEFAULT_BATCH_LINGER, DEFAULT_BATCH_LOCK_TIMEOUT, DEFAULT_BATCH_MAX};

@@ -19,7 +19,7 @@ use crate::config::{Config, ConsumerConfig, PluginStoreKind, PostgresConfig};
 use crate::handler::Handler;
 use crate::metrics::Metrics;
 use crate::pg;
-use crate::plugin::{PluginLimits, PluginRuntime, PoolSizing};
+use crate::plugin::{PluginConfig, PluginLimits, PluginRuntime, PoolSizing};
 use crate::registry::{self, Plugins, store::NatsStore};
 use crate::source;
 
@@ -304,7 +304,13 @@ async fn load(
             memory: c.memory_limit.0 as usize,
         };
         if let Some(h) = native.get(&c.name) {
-            registry.insert(&c.name, h.clone(), "native".into(), None);
+            registry.insert(
+                &c.name,
+                h.clone(),
+                "native".into(),
+                None,
+                Default::default(),
+            );
             continue;
         }
         let (Some(path), Some(rt)) = (&c.plugin, &runtime) else {
@@ -358,7 +364,9 @@ async fn load(
         info!(consumer = %c.name, plugin = %source, digest = h.digest(), bytes = load.size,
             compile_ms = load.compile_time.as_millis() as u64, from_cache = load.from_cache,
             wasi = %load.wasi_imports.join(","), "plugin loaded");
-        registry.insert(&c.name, Arc::new(h), source, Some(limits));
+        let config: PluginConfig = Arc::new(c.config.clone());
+        let h = h.with_config(config.clone());
+        registry.insert(&c.name, Arc::new(h), source, Some(limits), config);
         watched.push((c.name.clone(), path.clone(), seen));
     }
     Ok((registry, watched))

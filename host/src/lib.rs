@@ -71,13 +71,13 @@ pub use host::{Host, RunOptions};
 pub use outcome::{Outcome, Processed, Rollback};
 pub use pg::migrate;
 pub use plugin::{
-    DEFAULT_COMPILE_CACHE_MAX, LoadInfo, PluginError, PluginLimits, PluginRuntime, PoolSizing,
-    WasmHandler,
+    DEFAULT_COMPILE_CACHE_MAX, LoadInfo, PluginConfig, PluginError, PluginLimits, PluginRuntime,
+    PoolSizing, WasmHandler,
 };
-pub use sql_gate::SqlValue;
+pub use sql_gate::{SqlArray, SqlValue, Values};
 /// NATS subject matching (`*`, `>`), as the host filters by it.
 pub use subjects::subject_matches;
-pub use tx_handle::{TxError, TxHandle};
+pub use tx_handle::{DbError, DbErrorKind, TxError, TxHandle};
 
 /// Internals the system tests in `tests/` drive directly. Not API: hidden from the docs, and
 /// only built with the `test-support` feature.

@@ -36,7 +36,44 @@ mod bindings {
     });
 }
 
+/// WIT 0.2.0: typed database errors, richer values, the consumer's configuration.
+mod bindings_v2 {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.2.0",
+        world: "handler",
+        imports: { default: async | trappable },
+        exports: { default: async },
+        with: { "idemhost:consumer/database.transaction": crate::tx_handle::TxHandle },
+    });
+}
+
 use bindings::idemhost::consumer::types as wit;
+use bindings_v2::idemhost::consumer::types as wit_v2;
+
+/// A consumer's `[consumer.config]` table, which its plugin reads through the `config`
+/// interface (WIT 0.2.0 on).
+pub type PluginConfig = Arc<std::collections::BTreeMap<String, String>>;
+
+/// A component ready to instantiate, by the WIT version it targets.
+enum Pre {
+    V1(bindings::HandlerPre<PluginState>),
+    V2(bindings_v2::HandlerPre<PluginState>),
+}
+
+/// An instance, by the WIT version its component targets.
+enum Instance {
+    V1(bindings::Handler),
+    V2(bindings_v2::Handler),
+}
+
+impl Pre {
+    async fn instantiate(&self, store: &mut Store<PluginState>) -> wasmtime::Result<Instance> {
+        Ok(match self {
+            Pre::V1(pre) => Instance::V1(pre.instantiate_async(store).await?),
+            Pre::V2(pre) => Instance::V2(pre.instantiate_async(store).await?),
+        })
+    }
+}
 
 /// How often the epoch advances; a plugin's deadline is checked (and it yields) at this grain.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -318,11 +355,15 @@ impl PluginRuntime {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| world_err(format!("{e:#}")))?;
-        let pre =
-            bindings::HandlerPre::new(instance_pre).map_err(|e| world_err(format!("{e:#}")))?;
+        let pre = match fit.line {
+            world::Line::V1 => bindings::HandlerPre::new(instance_pre).map(Pre::V1),
+            world::Line::V2 => bindings_v2::HandlerPre::new(instance_pre).map(Pre::V2),
+        }
+        .map_err(|e| world_err(format!("{e:#}")))?;
         let handler = WasmHandler {
             engine: self.engine.clone(),
             pre,
+            config: PluginConfig::default(),
             digest: format!("sha256:{digest_hex}").into(),
             limits,
             info: LoadInfo {
@@ -355,6 +396,8 @@ pub(crate) struct PluginState {
     limiter: BudgetLimiter,
     log: LogSink,
     timed_out: bool,
+    /// The consumer's `[consumer.config]` (read by 0.2.0 components).
+    config: PluginConfig,
 }
 
 impl WasiView for PluginState {
@@ -449,7 +492,8 @@ pub struct LoadInfo {
 /// A loaded, validated plugin. Cheap to share: every delivery instantiates it afresh.
 pub struct WasmHandler {
     engine: Engine,
-    pre: bindings::HandlerPre<PluginState>,
+    pre: Pre,
+    config: PluginConfig,
     digest: Arc<str>,
     limits: PluginLimits,
     info: LoadInfo,
@@ -477,6 +521,13 @@ impl WasmHandler {
         &self.timings
     }
 
+    /// The handler with the consumer's `[consumer.config]` table, which a 0.2.0 component
+    /// reads through the `config` interface (a 0.1.0 one has no way to).
+    pub fn with_config(mut self, config: PluginConfig) -> Self {
+        self.config = config;
+        self
+    }
+
     /// A store for one instance: fresh state, the consumer's memory budget, and a deadline
     /// checked every epoch tick (yielding in between, so a busy plugin cannot starve other
     /// deliveries of its worker thread). `driver` says what polls the store's futures.
@@ -498,6 +549,7 @@ impl WasmHandler {
                 trace: None,
             },
             timed_out: false,
+            config: self.config.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -529,7 +581,7 @@ impl WasmHandler {
         let mut store = self.new_store(Driver::Plain);
         // Instantiation can reach no database call (there is no transaction to call it on),
         // so a plain executor drives it, even on a runtime thread.
-        let result = futures::executor::block_on(self.pre.instantiate_async(&mut store));
+        let result = futures::executor::block_on(self.pre.instantiate(&mut store));
         match result {
             Ok(_) => Ok(()),
             Err(e) => Err(self.describe_trap(&store, &e)),
@@ -595,24 +647,41 @@ impl WasmHandler {
     ) -> wasmtime::Result<Result<(), wit::HandlerError>> {
         let started = Instant::now();
         took.trapped = true;
-        let instance = self.pre.instantiate_async(&mut *store).await?;
+        let instance = self.pre.instantiate(&mut *store).await?;
         let instantiated = Instant::now();
         took.instantiate = Some(instantiated - started);
         self.timings.instantiate.record(instantiated - started);
         let handle: Resource<TxHandle> = store.data_mut().table.push(tx.clone())?;
-        let wit_msg = wit::Message {
-            id: msg.id.clone(),
-            subject: msg.subject.clone(),
-            event_type: msg.event_type.clone(),
-            headers: msg.headers.clone(),
-            payload: msg.payload.to_vec(),
-            delivery_attempt: msg.delivery_attempt,
-        };
+        macro_rules! message {
+            ($wit:ident) => {
+                $wit::Message {
+                    id: msg.id.clone(),
+                    subject: msg.subject.clone(),
+                    event_type: msg.event_type.clone(),
+                    headers: msg.headers.clone(),
+                    payload: msg.payload.to_vec(),
+                    delivery_attempt: msg.delivery_attempt,
+                }
+            };
+        }
         let rep = Resource::<TxHandle>::new_borrow(handle.rep());
-        let result = instance
-            .idemhost_consumer_handling()
-            .call_handle(&mut *store, rep, &wit_msg)
-            .await;
+        let result = match instance {
+            Instance::V1(i) => {
+                i.idemhost_consumer_handling()
+                    .call_handle(&mut *store, rep, &message!(wit))
+                    .await
+            }
+            Instance::V2(i) => i
+                .idemhost_consumer_handling()
+                .call_handle(&mut *store, rep, &message!(wit_v2))
+                .await
+                .map(|answer| {
+                    answer.map_err(|e| match e {
+                        wit_v2::HandlerError::Retryable(r) => wit::HandlerError::Retryable(r),
+                        wit_v2::HandlerError::Terminal(r) => wit::HandlerError::Terminal(r),
+                    })
+                }),
+        };
         took.handle = Some(instantiated.elapsed());
         self.timings.handle.record(instantiated.elapsed());
         store.data_mut().table.delete(handle)?;

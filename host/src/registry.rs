@@ -52,7 +52,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use crate::handler::Handler;
-use crate::plugin::{PluginLimits, PluginRuntime};
+use crate::plugin::{PluginConfig, PluginLimits, PluginRuntime};
 
 /// One version of a consumer's handler, as `/plugins` shows it.
 #[derive(Debug)]
@@ -109,6 +109,8 @@ pub(crate) struct Slot {
     /// `None` for a native handler, which cannot be swapped (WASM plugins always have limits,
     /// and the registry then has a runtime).
     limits: Option<PluginLimits>,
+    /// The consumer's `[consumer.config]`, given to every version of its plugin.
+    config: PluginConfig,
     current: RwLock<Active>,
     previous: Mutex<Option<Active>>,
     history: Mutex<VecDeque<Arc<Version>>>,
@@ -220,6 +222,7 @@ impl Plugins {
         handler: Arc<dyn Handler>,
         source: String,
         limits: Option<PluginLimits>,
+        config: PluginConfig,
     ) -> Arc<Slot> {
         let digest = handler
             .digest()
@@ -230,6 +233,7 @@ impl Plugins {
         let slot = Arc::new(Slot {
             consumer: consumer.to_string(),
             limits,
+            config,
             current: RwLock::new(Active {
                 handler,
                 version: version.clone(),
@@ -284,7 +288,7 @@ impl Plugins {
             .load_bytes_blocking(bytes, PathBuf::from(&source), limits)
             .await
         {
-            Ok(h) => h,
+            Ok(h) => h.with_config(slot.config.clone()),
             Err(e) => return Err(slot.refused(&source, e.to_string())),
         };
         let version = Arc::new(Version::new(

@@ -29,6 +29,75 @@ pub enum SqlValue {
     Bytes(Vec<u8>),
     /// JSON text; binds as `jsonb`.
     Json(String),
+    /// `numeric`, as its exact decimal text (WIT 0.2.0 on).
+    Numeric(String),
+    /// `timestamptz` (and `timestamp`, read as UTC), in microseconds since 1970-01-01 UTC;
+    /// `infinity`/`-infinity` are `i64::MAX`/`i64::MIN` (WIT 0.2.0 on).
+    Timestamp(i64),
+    /// `date`, in days since 1970-01-01; `infinity`/`-infinity` are `i32::MAX`/`i32::MIN`
+    /// (WIT 0.2.0 on).
+    Date(i32),
+    /// `uuid`, as text (lower-case hyphenated when read; WIT 0.2.0 on).
+    Uuid(String),
+    /// A one-dimensional array of one scalar type (WIT 0.2.0 on).
+    Array(SqlArray),
+}
+
+/// A one-dimensional array, by element type; elements may be null.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SqlArray {
+    /// `boolean[]`.
+    Boolean(Vec<Option<bool>>),
+    /// `int8[]` (`int2[]`, `int4[]` arrive here).
+    Int(Vec<Option<i64>>),
+    /// `float8[]` (`float4[]` arrives here).
+    Float(Vec<Option<f64>>),
+    /// `text[]` (and the other text types' arrays).
+    Text(Vec<Option<String>>),
+    /// `numeric[]`, each as decimal text.
+    Numeric(Vec<Option<String>>),
+    /// `timestamptz[]`, each in microseconds since 1970.
+    Timestamp(Vec<Option<i64>>),
+    /// `date[]`, each in days since 1970.
+    Date(Vec<Option<i32>>),
+    /// `uuid[]`, each as text.
+    Uuid(Vec<Option<String>>),
+}
+
+impl SqlValue {
+    /// About the bytes the value takes on the wire (a scalar: 8).
+    pub(crate) fn size(&self) -> usize {
+        fn texts(v: &[Option<String>]) -> usize {
+            v.iter()
+                .map(|s| 4 + s.as_ref().map_or(0, String::len))
+                .sum()
+        }
+        match self {
+            SqlValue::Text(s) | SqlValue::Json(s) | SqlValue::Numeric(s) | SqlValue::Uuid(s) => {
+                s.len()
+            }
+            SqlValue::Bytes(b) => b.len(),
+            SqlValue::Array(a) => match a {
+                SqlArray::Text(v) | SqlArray::Numeric(v) | SqlArray::Uuid(v) => texts(v),
+                SqlArray::Boolean(v) => v.len() * 5,
+                SqlArray::Date(v) => v.len() * 8,
+                SqlArray::Int(v) | SqlArray::Timestamp(v) => v.len() * 12,
+                SqlArray::Float(v) => v.len() * 12,
+            },
+            _ => 8,
+        }
+    }
+}
+
+/// Which `sql-value` cases a result may use: a component's WIT version decides. A 0.1.0
+/// component has no numeric, timestamp, date, uuid or array: those columns are refused for it
+/// with a hint to cast them, as they always were.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    /// WIT 0.1.0's cases.
+    Basic,
+    /// Every case (WIT 0.2.0, native handlers).
+    Rich,
 }
 
 /// The host's relations. A plugin statement naming one, in any spelling the parser accepts, is
@@ -166,11 +235,7 @@ impl Admitted {
     /// Refuses `params` whose copies into the plan would pass [`MAX_PARAMETER_COPIES`].
     pub(crate) fn check_parameters(&self, params: &[SqlValue]) -> Result<(), String> {
         let copies = params.iter().enumerate().fold(0u64, |n, (i, p)| {
-            let size = match p {
-                SqlValue::Text(v) | SqlValue::Json(v) => v.len() as u64,
-                SqlValue::Bytes(v) => v.len() as u64,
-                _ => 8,
-            };
+            let size = p.size() as u64;
             let refs = self.parameter_references.get(i).copied().unwrap_or(0);
             n.saturating_add(size.saturating_mul(refs))
         });
@@ -540,9 +605,41 @@ fn json_text(raw: PgValueRef<'_>, jsonb: bool) -> Result<String, String> {
     String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
 }
 
+/// A parameter of a 0.2.0 case: its own type OID (`produces`) and binary value.
+impl Type<Postgres> for typed::Encoded {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(0))
+    }
+}
+
+impl Encode<'_, Postgres> for typed::Encoded {
+    fn produces(&self) -> Option<PgTypeInfo> {
+        Some(PgTypeInfo::with_oid(Oid(self.oid)))
+    }
+
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        buf.extend_from_slice(&self.bytes);
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+/// A result value's bytes, which must be in the binary format (every column of an extended
+/// query's result is).
+fn binary<'r>(raw: PgValueRef<'r>, column: &str) -> Result<&'r [u8], String> {
+    if raw.format() != sqlx::postgres::PgValueFormat::Binary {
+        return Err(format!("column `{column}` arrived in text format"));
+    }
+    raw.as_bytes().map_err(|e| e.to_string())
+}
+
 /// Binds plugin parameters in order (`$1`, `$2`, ...). Each variant declares its own type:
 /// int → int8, float → float8, text → text, bytes → bytea, json → jsonb, boolean → bool,
-/// null → inferred. A statement casts where a column differs (`$1::uuid`).
+/// numeric → numeric, timestamp → timestamptz, date → date, uuid → uuid, arrays → their
+/// element type's array, null → inferred. A statement casts where a column differs
+/// (`$1::int4`).
 pub(crate) fn bind(params: &[SqlValue]) -> Result<PgArguments, String> {
     let mut args = PgArguments::default();
     for (n, p) in params.iter().enumerate() {
@@ -560,16 +657,23 @@ pub(crate) fn bind(params: &[SqlValue]) -> Result<PgArguments, String> {
                     .map_err(|e| format!("parameter ${} is not valid JSON: {e}", n + 1))?;
                 args.add(JsonbText(text))
             }
+            rich => match typed::encode(rich) {
+                Some(Ok(encoded)) => args.add(encoded),
+                Some(Err(reason)) => {
+                    return Err(format!("parameter ${} is not valid: {reason}", n + 1));
+                }
+                None => unreachable!("every basic case is bound above"),
+            },
         };
         added.map_err(|e| format!("parameter ${} could not be bound: {e}", n + 1))?;
     }
     Ok(args)
 }
 
-/// Converts one result row. Types without a natural `sql-value` are refused with a hint to
-/// cast them in the query.
-pub(crate) fn row_values(row: &PgRow) -> Result<(Vec<SqlValue>, usize), String> {
-    let mut values = Vec::with_capacity(row.len());
+/// Converts one result row into the cases `values` allows. Types without a natural
+/// `sql-value` are refused with a hint to cast them in the query.
+pub(crate) fn row_values(row: &PgRow, values: Values) -> Result<(Vec<SqlValue>, usize), String> {
+    let mut converted = Vec::with_capacity(row.len());
     let mut bytes = 0usize;
     for (i, column) in row.columns().iter().enumerate() {
         let raw = row.try_get_raw(i).map_err(|e| e.to_string())?;
@@ -577,22 +681,24 @@ pub(crate) fn row_values(row: &PgRow) -> Result<(Vec<SqlValue>, usize), String> 
         let value = if raw.is_null() {
             SqlValue::Null
         } else {
-            convert(raw, &type_name, column.name())?
+            convert(raw, &type_name, column.name(), values)?
         };
-        bytes += match &value {
-            SqlValue::Text(s) | SqlValue::Json(s) => s.len(),
-            SqlValue::Bytes(b) => b.len(),
-            _ => 8,
-        };
-        values.push(value);
+        bytes += value.size();
+        converted.push(value);
     }
-    Ok((values, bytes))
+    Ok((converted, bytes))
 }
 
-fn convert(raw: PgValueRef<'_>, type_name: &str, column: &str) -> Result<SqlValue, String> {
+fn convert(
+    raw: PgValueRef<'_>,
+    type_name: &str,
+    column: &str,
+    values: Values,
+) -> Result<SqlValue, String> {
     fn dec<'r, T: Decode<'r, Postgres>>(raw: PgValueRef<'r>) -> Result<T, String> {
         T::decode(raw).map_err(|e| e.to_string())
     }
+    let rich = values == Values::Rich;
     Ok(match type_name {
         "BOOL" => SqlValue::Boolean(dec(raw)?),
         "INT2" => SqlValue::Int(dec::<i16>(raw)?.into()),
@@ -608,6 +714,15 @@ fn convert(raw: PgValueRef<'_>, type_name: &str, column: &str) -> Result<SqlValu
         "JSON" => SqlValue::Json(json_text(raw, false)?),
         "JSONB" => SqlValue::Json(json_text(raw, true)?),
         "VOID" => SqlValue::Null,
+        "NUMERIC" if rich => SqlValue::Numeric(typed::numeric_text(binary(raw, column)?)?),
+        "TIMESTAMPTZ" | "TIMESTAMP" if rich => {
+            SqlValue::Timestamp(typed::timestamp_micros(binary(raw, column)?)?)
+        }
+        "DATE" if rich => SqlValue::Date(typed::date_days(binary(raw, column)?)?),
+        "UUID" if rich => SqlValue::Uuid(typed::uuid_text(binary(raw, column)?)?),
+        array if rich && typed::is_array_type(array) => {
+            SqlValue::Array(typed::array_value(binary(raw, column)?, array, column)?)
+        }
         other => {
             return Err(format!(
                 "column `{column}` has type {other}, which has no sql-value; cast it in the query \
@@ -621,6 +736,7 @@ mod bounds;
 mod expansion;
 mod folding;
 mod parser;
+mod typed;
 
 #[cfg(test)]
 mod props;

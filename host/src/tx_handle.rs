@@ -18,7 +18,7 @@ pub(crate) use trace::{TRACED_ROWS, Trace};
 
 use crate::outbox::{self, Origin};
 use crate::pg::{self, FailureKind, Tx, Wall};
-use crate::sql_gate::{self, SqlValue};
+use crate::sql_gate::{self, SqlValue, Values};
 
 /// The first error a handler saw, kept so the claim pipeline can classify the attempt.
 #[derive(Debug, Clone)]
@@ -71,12 +71,113 @@ pub enum TxError {
     /// The host refused the statement (the SQL gate, a closed transaction, a limit).
     #[error("{0}")]
     Refused(String),
-    /// PostgreSQL returned an error (`SQLSTATE: message`).
+    /// PostgreSQL returned an error (shown as `SQLSTATE: message`), the attempt's deadline
+    /// passed, or an earlier error aborted the transaction.
     #[error("{0}")]
-    Database(String),
+    Database(DbError),
     /// The handle was used after its delivery ended.
     #[error("transaction handle used outside its delivery")]
     Closed,
+}
+
+/// A failed database call, as a handler may act on it: the kind, and what PostgreSQL said.
+/// Every text is escaped and cut to 1 KiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbError {
+    /// What kind of failure it is.
+    pub kind: DbErrorKind,
+    /// The SQLSTATE, when PostgreSQL answered.
+    pub sqlstate: Option<String>,
+    /// The server's message (or the host's, without a SQLSTATE).
+    pub message: String,
+    /// The server's DETAIL.
+    pub detail: Option<String>,
+    /// The constraint an integrity violation names.
+    pub constraint: Option<String>,
+}
+
+/// The kinds of [`DbError`], from the SQLSTATE (WIT 0.2.0's `db-error-kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbErrorKind {
+    /// 23505.
+    UniqueViolation,
+    /// 23503.
+    ForeignKeyViolation,
+    /// 23514.
+    CheckViolation,
+    /// 23502.
+    NotNullViolation,
+    /// Another class 23 error.
+    IntegrityViolation,
+    /// Class 22.
+    InvalidValue,
+    /// 40001.
+    SerializationFailure,
+    /// 40P01.
+    Deadlock,
+    /// 57014, 55P03, or the attempt's deadline.
+    Timeout,
+    /// 25P02: an earlier error aborted the transaction.
+    Aborted,
+    /// Anything else.
+    Other,
+}
+
+impl DbErrorKind {
+    /// The kind of a SQLSTATE.
+    pub fn of_sqlstate(code: &str) -> Self {
+        match code {
+            "23505" => DbErrorKind::UniqueViolation,
+            "23503" => DbErrorKind::ForeignKeyViolation,
+            "23514" => DbErrorKind::CheckViolation,
+            "23502" => DbErrorKind::NotNullViolation,
+            "40001" => DbErrorKind::SerializationFailure,
+            "40P01" => DbErrorKind::Deadlock,
+            "57014" | "55P03" => DbErrorKind::Timeout,
+            "25P02" => DbErrorKind::Aborted,
+            c if c.starts_with("23") => DbErrorKind::IntegrityViolation,
+            c if c.starts_with("22") => DbErrorKind::InvalidValue,
+            _ => DbErrorKind::Other,
+        }
+    }
+}
+
+impl DbError {
+    /// The host's own account of a failure, without a SQLSTATE.
+    fn host(kind: DbErrorKind, message: String) -> Self {
+        DbError {
+            kind,
+            sqlstate: None,
+            message,
+            detail: None,
+            constraint: None,
+        }
+    }
+
+    /// What `error` says, bounded.
+    fn of(error: &sqlx::Error) -> Self {
+        let sqlx::Error::Database(db) = error else {
+            return DbError::host(DbErrorKind::Other, pg::describe(error));
+        };
+        let code = db.code().map(|c| crate::text::reason(&c));
+        let pg = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>();
+        DbError {
+            kind: DbErrorKind::of_sqlstate(code.as_deref().unwrap_or("")),
+            sqlstate: code,
+            message: crate::text::reason(db.message()),
+            detail: pg.and_then(|e| e.detail()).map(crate::text::reason),
+            constraint: db.constraint().map(crate::text::reason),
+        }
+    }
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.sqlstate {
+            Some(code) => write!(f, "{code}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
 }
 
 impl TxHandle {
@@ -222,7 +323,10 @@ impl TxHandle {
                 }
                 // Dropped mid-statement: the connection is closed, never reused.
                 self.abandon(state);
-                Err(TxError::Database(reason))
+                Err(TxError::Database(DbError::host(
+                    DbErrorKind::Timeout,
+                    reason,
+                )))
             }
         }
     }
@@ -312,11 +416,22 @@ impl TxHandle {
         sql: &str,
         params: &[SqlValue],
     ) -> Result<Vec<Vec<SqlValue>>, TxError> {
+        self.query_as(sql, params, Values::Rich).await
+    }
+
+    /// [`Self::query`] with the result's columns in the cases `values` allows (a column of
+    /// another type fails the attempt, with a hint to cast it).
+    pub async fn query_as(
+        &self,
+        sql: &str,
+        params: &[SqlValue],
+        values: Values,
+    ) -> Result<Vec<Vec<SqlValue>>, TxError> {
         let Some(trace) = &self.trace else {
-            return self.query_untraced(sql, params).await;
+            return self.query_untraced(sql, params, values).await;
         };
         let started = std::time::Instant::now();
-        let result = self.query_untraced(sql, params).await;
+        let result = self.query_untraced(sql, params, values).await;
         let traced = match &result {
             Ok(rows) => StatementResult::Rows {
                 rows: rows.iter().take(TRACED_ROWS).cloned().collect(),
@@ -332,6 +447,7 @@ impl TxHandle {
         &self,
         sql: &str,
         params: &[SqlValue],
+        values: Values,
     ) -> Result<Vec<Vec<SqlValue>>, TxError> {
         let args = self.admitted(sql, params).await?;
         let mut state = self.state.lock().await;
@@ -349,7 +465,7 @@ impl TxHandle {
                             sql_gate::MAX_ROWS
                         )));
                     }
-                    match sql_gate::row_values(&row) {
+                    match sql_gate::row_values(&row, values) {
                         Ok((values, bytes)) => {
                             total += bytes;
                             largest = largest.max(bytes);
@@ -418,16 +534,20 @@ impl TxHandle {
 impl TxState {
     fn usable(&mut self) -> Result<&mut Tx, TxError> {
         if let Some(p) = &self.poison {
-            return Err(TxError::Database(format!(
-                "transaction is aborted by an earlier error ({}); the host will roll it back",
-                p.reason
+            return Err(TxError::Database(DbError::host(
+                DbErrorKind::Aborted,
+                format!(
+                    "transaction is aborted by an earlier error ({}); the host will roll it back",
+                    p.reason
+                ),
             )));
         }
         self.tx.as_mut().ok_or(TxError::Closed)
     }
 
     fn poison_with(&mut self, error: &sqlx::Error) -> TxError {
-        let reason = pg::describe(error);
+        let db = DbError::of(error);
+        let reason = db.to_string();
         if self.poison.is_none() {
             self.poison = Some(Poison {
                 kind: pg::classify(error),
@@ -436,7 +556,7 @@ impl TxState {
                 past_limits: pg::past_server_limits(error),
             });
         }
-        TxError::Database(reason)
+        TxError::Database(db)
     }
 
     /// A refusal fails the attempt as retryable: a fixed plugin (a hot swap) may cure it.

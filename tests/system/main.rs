@@ -49,6 +49,7 @@ mod replicas;
 mod scripts;
 mod seed;
 mod shipped;
+mod values;
 /// Needs the `failpoints` feature: one set-up switches the SQL gate off in the host it runs.
 #[cfg(feature = "failpoints")]
 mod wall;

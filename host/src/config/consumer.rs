@@ -154,6 +154,45 @@ pub struct ConsumerConfig {
     /// `event_type_labels` is empty; later values count as `other`.
     #[serde(default = "default_max_event_type_labels")]
     pub max_event_type_labels: u32,
+    /// The plugin's settings (`[consumer.config]`): thresholds, feature flags, names, which a
+    /// WIT 0.2.0 plugin reads through its `config` interface. Values are strings (a number or
+    /// a boolean is read as its text). Not for secrets: `plugin test`, `plugin diff` and the
+    /// plugin itself see them. At most [`MAX_PLUGIN_CONFIG_ENTRIES`] keys (1-64 characters of
+    /// A-Z, a-z, 0-9, `_`, `-`, `.`), values at most [`MAX_PLUGIN_CONFIG_VALUE`] bytes.
+    #[serde(default, deserialize_with = "plugin_config")]
+    pub config: std::collections::BTreeMap<String, String>,
+}
+
+/// Keys a consumer's `config` table may hold.
+pub const MAX_PLUGIN_CONFIG_ENTRIES: usize = 64;
+/// Bytes of one `config` value.
+pub const MAX_PLUGIN_CONFIG_VALUE: usize = 4096;
+
+/// A `config` table whose values may be written as strings, numbers or booleans.
+fn plugin_config<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Int(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    let table = std::collections::BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(table
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Scalar::Text(s) => s,
+                Scalar::Int(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+                Scalar::Bool(b) => b.to_string(),
+            };
+            (k, v)
+        })
+        .collect())
 }
 
 /// `ordering = { key = "header:Idemhost-Ordering-Key" }`.

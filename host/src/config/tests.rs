@@ -470,3 +470,50 @@ fn a_variable_with_one_underscore_is_named_not_ignored() {
         "{warnings:#?}"
     );
 }
+
+#[test]
+fn a_consumers_plugin_config_reads_scalars_as_text_and_is_bounded() {
+    let c = parse(
+        &format!(
+            "{SAMPLE}\n    [consumer.config]\n    max_note_bytes = 10000\n    ratio = 0.5\n    \
+             beta = true\n    region = \"eu-west\"\n"
+        ),
+        &[("IDEMHOST_CONSUMER__0__CONFIG__REGION", "us-east")],
+    )
+    .unwrap();
+    let config: Vec<(&str, &str)> = c.consumers[0]
+        .config
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        config,
+        [
+            ("beta", "true"),
+            ("max_note_bytes", "10000"),
+            ("ratio", "0.5"),
+            ("region", "us-east")
+        ]
+    );
+    assert!(parse(SAMPLE, &[]).unwrap().consumers[0].config.is_empty());
+    let refused = |table: String| {
+        let text = format!("{SAMPLE}\n    [consumer.config]\n{table}");
+        match parse(&text, &[]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted: {table}"),
+        }
+    };
+    for table in [
+        "\"a b\" = \"x\"".to_string(),
+        "\"\" = \"x\"".to_string(),
+        format!("{} = \"x\"", "k".repeat(65)),
+        format!("k = \"{}\"", "x".repeat(MAX_PLUGIN_CONFIG_VALUE + 1)),
+        (0..=MAX_PLUGIN_CONFIG_ENTRIES)
+            .map(|i| format!("k{i} = \"x\"\n"))
+            .collect(),
+    ] {
+        let e = refused(table.clone());
+        assert!(e.contains("consumer[0].config"), "{table:.80}: {e}");
+    }
+    assert!(refused("nested = { a = 1 }".into()).contains("config"));
+}

@@ -262,6 +262,34 @@ impl Config {
                     ),
                 );
             }
+            if c.config.len() > super::MAX_PLUGIN_CONFIG_ENTRIES {
+                return bad(
+                    key("config"),
+                    &format!(
+                        "has {} keys; at most {}",
+                        c.config.len(),
+                        super::MAX_PLUGIN_CONFIG_ENTRIES
+                    ),
+                );
+            }
+            if let Some((name, _)) = c.config.iter().find(|(n, v)| {
+                n.is_empty()
+                    || n.len() > 64
+                    || !n
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+                    || v.len() > super::MAX_PLUGIN_CONFIG_VALUE
+            }) {
+                return bad(
+                    key("config"),
+                    &format!(
+                        "`{}`: keys are 1-64 characters of A-Z, a-z, 0-9, _, - and .; values \
+                         are at most {} bytes",
+                        crate::text::reason(name),
+                        super::MAX_PLUGIN_CONFIG_VALUE
+                    ),
+                );
+            }
             if c.tables.iter().any(|t| {
                 t.is_empty()
                     || t.contains('\0')

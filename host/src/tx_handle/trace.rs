@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::sql_gate::SqlValue;
+use crate::sql_gate::{SqlArray, SqlValue};
 
 /// Rows of a query's result kept in the trace; the count says how many there were.
 pub(crate) const TRACED_ROWS: usize = 20;
@@ -189,13 +189,26 @@ impl Trace {
     }
 }
 
-/// Cuts a long value to [`TRACED_VALUE_BYTES`].
+/// Cuts a long value to [`TRACED_VALUE_BYTES`] (an array to its first [`TRACED_ITEMS`]
+/// elements, each cut so).
 fn clip(v: &mut SqlValue) {
+    fn text(s: &mut String) {
+        s.truncate(s.floor_char_boundary(TRACED_VALUE_BYTES))
+    }
+    fn texts(v: &mut Vec<Option<String>>) {
+        v.truncate(TRACED_ITEMS);
+        v.iter_mut().flatten().for_each(text);
+    }
     match v {
-        SqlValue::Text(s) | SqlValue::Json(s) => {
-            s.truncate(s.floor_char_boundary(TRACED_VALUE_BYTES))
-        }
+        SqlValue::Text(s) | SqlValue::Json(s) | SqlValue::Numeric(s) | SqlValue::Uuid(s) => text(s),
         SqlValue::Bytes(b) => b.truncate(TRACED_VALUE_BYTES),
+        SqlValue::Array(a) => match a {
+            SqlArray::Text(v) | SqlArray::Numeric(v) | SqlArray::Uuid(v) => texts(v),
+            SqlArray::Boolean(v) => v.truncate(TRACED_ITEMS),
+            SqlArray::Int(v) | SqlArray::Timestamp(v) => v.truncate(TRACED_ITEMS),
+            SqlArray::Float(v) => v.truncate(TRACED_ITEMS),
+            SqlArray::Date(v) => v.truncate(TRACED_ITEMS),
+        },
         _ => {}
     }
 }
