@@ -24,7 +24,7 @@ pub enum Lang {
 /// What a project builds into, in its directory.
 pub const OUTPUT: &str = "plugin.wasm";
 
-const WIT: &str = include_str!("../wit/consumer.wit");
+const WIT: &str = include_str!("../wit/0.2.0/consumer.wit");
 const RUST_TEMPLATE: &str = include_str!("../plugins/templates/rust/src/lib.rs");
 const RUST_LOCK: &str = include_str!("../plugins/Cargo.lock");
 const PY_TEMPLATE: &str = include_str!("../plugins/templates/python/app.py");
@@ -99,7 +99,7 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<String> {
         Lang::Rust => {
             files.push(("Cargo.toml".into(), cargo_toml(name).into_bytes()));
             files.push(("Cargo.lock".into(), RUST_LOCK.into()));
-            let source = RUST_TEMPLATE.replace("path: \"../../../wit\"", "path: \"wit\"");
+            let source = RUST_TEMPLATE.replace("path: \"../../../wit/0.2.0\"", "path: \"wit\"");
             files.push(("src/lib.rs".into(), source.into_bytes()));
         }
         Lang::Python | Lang::Js => {
@@ -196,7 +196,11 @@ fn config(name: &str, schema: &str) -> String {
          create_stream = true\n\
          plugin = \"{OUTPUT}\"\n\
          # The tables the plugin's role may read and write (schema.sql creates them).\n\
-         tables = [\"note\"]\n",
+         tables = [\"note\"]\n\
+         \n\
+         # The plugin's settings, read through its `config` interface (not for secrets).\n\
+         [consumer.config]\n\
+         max_note_bytes = 10000\n",
         stream = name.to_uppercase().replace('-', "_"),
     )
 }
@@ -242,8 +246,9 @@ fn readme(lang: Lang, name: &str, schema: &str) -> String {
     format!(
         "# {name}\n\n\
          An idemhost handler in {lang:?}, from `idemhost plugin new`. The handler is in `{source}`;\n\
-         `wit/consumer.wit` is the world it implements. The `conformance.*` cases are the host's\n\
-         conformance suite's: delete them.\n\n\
+         `wit/consumer.wit` is the world it implements (idemhost:consumer@0.2.0): database calls\n\
+         fail with a typed error, and `config` reads the consumer's `[consumer.config]` table\n\
+         (`max_note_bytes` in `idemhost.toml`).\n\n\
          ```sh\n\
          idemhost plugin build .            # {build}\n\
          psql postgres://root@127.0.0.1:5432/test -f schema.sql   # the note table, schema {schema}\n\

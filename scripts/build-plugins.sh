@@ -39,17 +39,27 @@ stamp() { mv "$DIST/.$1.pending" "$DIST/$1.inputs"; }
 # Copies a built component into place by a rename: a test reading it meanwhile (the image build
 # runs this beside the test suite) sees the old file or the new one, never half of one.
 place() { cp "$1" "$2.partial.$$" && mv -f "$2.partial.$$" "$2"; }
-WIT=("$ROOT"/wit/*.wit)
+# The examples, templates and conformance plugins target idemhost:consumer@0.2.0; the 0.1.0
+# fixtures (tests/fixtures/wit-0.1.0: what components built before 0.2.0 look like) the WIT of
+# wit/, which stays 0.1.0.
+WIT=("$ROOT"/wit/0.2.0/*.wit)
+WIT_0_1=("$ROOT"/wit/*.wit)
+FIXTURES=tests/fixtures/wit-0.1.0
 
 # -- Rust (wasm32-wasip2) -----------------------------------------------------------------------
 if want rust; then
-  say "rust: inventory, testkit, template-rust, versioned-a/b, order-flow (reservation, notification, analytics)"
+  say "rust: inventory, testkit (and testkit-0.2), template-rust, conformance-rust, versioned-a/b, order-flow (reservation, notification, analytics)"
   rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
-  cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
   out=$(scripts/target-dir.sh plugins/Cargo.toml)/wasm32-wasip2/release
+  # The testkit against idemhost:consumer@0.2.0, for the suites that attack with its values;
+  # first, so that the workspace build below leaves the 0.1.0 one in the target directory.
+  cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml -p testkit --features wit-0-2
+  place "$out/testkit.wasm" "$DIST/testkit-0.2.wasm"
+  cargo build --quiet --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
   place "$out/inventory.wasm" "$DIST/inventory.wasm"
   place "$out/testkit.wasm" "$DIST/testkit.wasm"
   place "$out/template_rust.wasm" "$DIST/template-rust.wasm"
+  place "$out/conformance_rust.wasm" "$DIST/conformance-rust.wasm"
   for p in reservation notification analytics; do place "$out/order_$p.wasm" "$DIST/order-$p.wasm"; done
   # Two versions of one plugin for the hot-swap tests: the workspace build above is version a.
   place "$out/versioned.wasm" "$DIST/versioned-a.wasm"
@@ -72,23 +82,25 @@ venv() {
   fi
 }
 ensure_python_tools() { venv "$PY" plugins/toolchain/requirements.txt "the Python toolchain"; }
-componentize_py() { # name app-dir
-  local name=$1 dir=$2
-  stale "$name" "$dir"/*.py "${WIT[@]}" plugins/toolchain/requirements.txt || return 0
+componentize_py() { # name app-dir [wit-dir]
+  local name=$1 dir=$2 wit=${3:-wit/0.2.0}
+  stale "$name" "$dir"/*.py "$wit"/*.wit plugins/toolchain/requirements.txt || return 0
   # --stub-wasi: the component imports no WASI at all (no filesystem, sockets, clocks).
-  timed "$name" "$PY/bin/componentize-py" -d wit -w handler componentize --stub-wasi \
+  timed "$name" "$PY/bin/componentize-py" -d "$wit" -w handler componentize --stub-wasi \
     -p "$dir" app -o "$DIST/$name.wasm"
   stamp "$name"
 }
 # mypy, for the suite's check of a Python project's editor stubs (plugins/toolchain/checkers.txt).
 ensure_python_checker() { venv "$TOOLS/mypy" plugins/toolchain/checkers.txt mypy; }
 if want py; then
-  say "python: inventory-py, template-py, order-payment-py"
+  say "python: inventory-py, template-py, conformance-py, order-payment-py, the 0.1.0 fixture"
   ensure_python_tools
   ensure_python_checker
   componentize_py inventory-py plugins/inventory-py
   componentize_py order-payment-py plugins/order-payment-py
   componentize_py template-py plugins/templates/python
+  componentize_py conformance-py plugins/conformance/python
+  componentize_py template-py-0.1 "$FIXTURES/python" wit
 fi
 
 # -- JavaScript (componentize-js, from npm) -----------------------------------------------------
@@ -105,20 +117,22 @@ ensure_js_tools() {
     sha256sum <"$lock" >"$NODE_TOOLS/node_modules/.lock.sha256"
   fi
 }
-componentize_js() { # name entry.js
-  local name=$1 entry=$2
-  stale "$name" "$(dirname "$entry")"/*.js "${WIT[@]}" plugins/toolchain/package-lock.json || return 0
+componentize_js() { # name entry.js [wit-dir]
+  local name=$1 entry=$2 wit=${3:-wit/0.2.0}
+  stale "$name" "$(dirname "$entry")"/*.js "$wit"/*.wit plugins/toolchain/package-lock.json || return 0
   # -d ...: leave out every WASI feature of the engine (stdio, random, clocks, http), so the
   # component imports only the idemhost world.
-  timed "$name" "$NODE_TOOLS/node_modules/.bin/componentize-js" "$entry" --wit wit \
+  timed "$name" "$NODE_TOOLS/node_modules/.bin/componentize-js" "$entry" --wit "$wit" \
     --world-name handler -d stdio random clocks http fetch-event -o "$DIST/$name.wasm"
   stamp "$name"
 }
 if want js; then
-  say "javascript: inventory-js, template-js"
+  say "javascript: inventory-js, template-js, conformance-js, the 0.1.0 fixture"
   ensure_js_tools
   componentize_js inventory-js plugins/inventory-js/inventory.js
   componentize_js template-js plugins/templates/js/template.js
+  componentize_js conformance-js plugins/conformance/js/conformance.js
+  componentize_js template-js-0.1 "$FIXTURES/js/template.js" wit
 fi
 
 # -- C (clang for wasm32-wasi + wit-bindgen's C bindings + wasm-tools component new) -------------
@@ -139,10 +153,10 @@ ensure_c_tools() {
   wit_sum=$(cat "${WIT[@]}" | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$BIND/WIT.sha256")" != "$wit_sum" ]; then
     if command -v wit-bindgen >/dev/null; then
-      wit-bindgen c wit --world handler --out-dir "$BIND" >/dev/null
+      wit-bindgen c wit/0.2.0 --world handler --out-dir "$BIND" >/dev/null
       echo "$wit_sum" >"$BIND/WIT.sha256"
     else
-      echo "build-plugins: $BIND is stale for wit/: install wit-bindgen-cli 0.61.1" \
+      echo "build-plugins: $BIND is stale for wit/0.2.0: install wit-bindgen-cli 0.61.1" \
         "(cargo install wit-bindgen-cli@0.61.1 --locked --no-default-features --features c)" >&2
       exit 1
     fi
@@ -165,10 +179,11 @@ build_c() { # name source...
   stamp "$name"
 }
 if want c; then
-  say "c: inventory-c, template-c"
+  say "c: inventory-c, template-c, conformance-c"
   ensure_c_tools
   build_c inventory-c plugins/inventory-c/inventory.c
   build_c template-c plugins/templates/c/template.c
+  build_c conformance-c plugins/conformance/c/conformance.c
 fi
 
 # -- A component that traps while it is instantiated, for the hot-swap tests ----------------------

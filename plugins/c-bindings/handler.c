@@ -3,25 +3,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `idemhost:consumer/database@0.1.0`
+// Imported Functions from `idemhost:consumer/database@0.2.0`
 
-__attribute__((__import_module__("idemhost:consumer/database@0.1.0"), __import_name__("[method]transaction.execute")))
+__attribute__((__import_module__("idemhost:consumer/database@0.2.0"), __import_name__("[method]transaction.execute")))
 extern void __wasm_import_idemhost_consumer_database_method_transaction_execute(int32_t, uint8_t *, size_t, uint8_t *, size_t, uint8_t *);
 
-__attribute__((__import_module__("idemhost:consumer/database@0.1.0"), __import_name__("[method]transaction.query")))
+__attribute__((__import_module__("idemhost:consumer/database@0.2.0"), __import_name__("[method]transaction.query")))
 extern void __wasm_import_idemhost_consumer_database_method_transaction_query(int32_t, uint8_t *, size_t, uint8_t *, size_t, uint8_t *);
 
-__attribute__((__import_module__("idemhost:consumer/database@0.1.0"), __import_name__("[method]transaction.publish")))
+__attribute__((__import_module__("idemhost:consumer/database@0.2.0"), __import_name__("[method]transaction.publish")))
 extern void __wasm_import_idemhost_consumer_database_method_transaction_publish(int32_t, uint8_t *, size_t, uint8_t *, size_t, uint8_t *, size_t, uint8_t *);
 
-// Imported Functions from `idemhost:consumer/logging@0.1.0`
+// Imported Functions from `idemhost:consumer/logging@0.2.0`
 
-__attribute__((__import_module__("idemhost:consumer/logging@0.1.0"), __import_name__("log")))
+__attribute__((__import_module__("idemhost:consumer/logging@0.2.0"), __import_name__("log")))
 extern void __wasm_import_idemhost_consumer_logging_log(uint8_t *, size_t, uint8_t *, size_t);
 
-// Exported Functions from `idemhost:consumer/handling@0.1.0`
+// Imported Functions from `idemhost:consumer/config@0.2.0`
 
-__attribute__((__weak__, __export_name__("cabi_post_idemhost:consumer/handling@0.1.0#handle")))
+__attribute__((__import_module__("idemhost:consumer/config@0.2.0"), __import_name__("get")))
+extern void __wasm_import_idemhost_consumer_config_get(uint8_t *, size_t, uint8_t *);
+
+__attribute__((__import_module__("idemhost:consumer/config@0.2.0"), __import_name__("get-all")))
+extern void __wasm_import_idemhost_consumer_config_get_all(uint8_t *);
+
+// Exported Functions from `idemhost:consumer/handling@0.2.0`
+
+__attribute__((__weak__, __export_name__("cabi_post_idemhost:consumer/handling@0.2.0#handle")))
 void __wasm_export_exports_idemhost_consumer_handling_handle_post_return(uint8_t * arg0) {
   switch ((int32_t) (int32_t) *((uint8_t*) (arg0 + 0))) {
     case 0: {
@@ -63,6 +71,124 @@ static uint8_t RET_AREA[(4*sizeof(void*))];
 
 // Helper Functions
 
+void handler_option_bool_free(handler_option_bool_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
+void handler_list_option_bool_free(handler_list_option_bool_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    handler_option_bool_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      handler_option_bool_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void handler_option_s64_free(handler_option_s64_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
+void handler_list_option_s64_free(handler_list_option_s64_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    handler_option_s64_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      handler_option_s64_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void handler_option_f64_free(handler_option_f64_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
+void handler_list_option_f64_free(handler_list_option_f64_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    handler_option_f64_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      handler_option_f64_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void handler_option_string_free(handler_option_string_t *ptr) {
+  if (ptr->is_some) {
+    handler_string_free(&ptr->val);
+  }
+}
+
+void handler_list_option_string_free(handler_list_option_string_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    handler_option_string_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      handler_option_string_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void handler_option_s32_free(handler_option_s32_t *ptr) {
+  if (ptr->is_some) {
+  }
+}
+
+void handler_list_option_s32_free(handler_list_option_s32_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    handler_option_s32_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      handler_option_s32_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void idemhost_consumer_types_sql_array_free(idemhost_consumer_types_sql_array_t *ptr) {
+  switch ((int32_t) ptr->tag) {
+    case 0: {
+      handler_list_option_bool_free(&ptr->val.boolean);
+      break;
+    }
+    case 1: {
+      handler_list_option_s64_free(&ptr->val.int_);
+      break;
+    }
+    case 2: {
+      handler_list_option_f64_free(&ptr->val.float_);
+      break;
+    }
+    case 3: {
+      handler_list_option_string_free(&ptr->val.text);
+      break;
+    }
+    case 4: {
+      handler_list_option_string_free(&ptr->val.numeric);
+      break;
+    }
+    case 5: {
+      handler_list_option_s64_free(&ptr->val.timestamp);
+      break;
+    }
+    case 6: {
+      handler_list_option_s32_free(&ptr->val.date);
+      break;
+    }
+    case 7: {
+      handler_list_option_string_free(&ptr->val.uuid);
+      break;
+    }
+  }
+}
+
 void handler_list_u8_free(handler_list_u8_t *ptr) {
   size_t list_len = ptr->len;
   if (list_len > 0) {
@@ -96,13 +222,32 @@ void idemhost_consumer_types_sql_value_free(idemhost_consumer_types_sql_value_t 
       handler_string_free(&ptr->val.json);
       break;
     }
+    case 7: {
+      handler_string_free(&ptr->val.numeric);
+      break;
+    }
+    case 8: {
+      break;
+    }
+    case 9: {
+      break;
+    }
+    case 10: {
+      handler_string_free(&ptr->val.uuid);
+      break;
+    }
+    case 11: {
+      idemhost_consumer_types_sql_array_free(&ptr->val.array);
+      break;
+    }
   }
 }
 
-void handler_option_string_free(handler_option_string_t *ptr) {
-  if (ptr->is_some) {
-    handler_string_free(&ptr->val);
-  }
+void idemhost_consumer_types_db_error_free(idemhost_consumer_types_db_error_t *ptr) {
+  handler_option_string_free(&ptr->sqlstate);
+  handler_string_free(&ptr->message);
+  handler_option_string_free(&ptr->detail);
+  handler_option_string_free(&ptr->constraint);
 }
 
 void handler_tuple2_string_string_free(handler_tuple2_string_string_t *ptr) {
@@ -146,7 +291,11 @@ void idemhost_consumer_database_sql_value_free(idemhost_consumer_database_sql_va
   idemhost_consumer_types_sql_value_free(ptr);
 }
 
-__attribute__((__import_module__("idemhost:consumer/database@0.1.0"), __import_name__("[resource-drop]transaction")))
+void idemhost_consumer_database_db_error_free(idemhost_consumer_database_db_error_t *ptr) {
+  idemhost_consumer_types_db_error_free(ptr);
+}
+
+__attribute__((__import_module__("idemhost:consumer/database@0.2.0"), __import_name__("[resource-drop]transaction")))
 extern void __wasm_import_idemhost_consumer_database_transaction_drop(int32_t handle);
 
 void idemhost_consumer_database_transaction_drop_own(idemhost_consumer_database_own_transaction_t handle) {
@@ -172,10 +321,10 @@ void idemhost_consumer_database_list_sql_value_free(idemhost_consumer_database_l
   }
 }
 
-void idemhost_consumer_database_result_u64_string_free(idemhost_consumer_database_result_u64_string_t *ptr) {
+void idemhost_consumer_database_result_u64_db_error_free(idemhost_consumer_database_result_u64_db_error_t *ptr) {
   if (!ptr->is_err) {
   } else {
-    handler_string_free(&ptr->val.err);
+    idemhost_consumer_database_db_error_free(&ptr->val.err);
   }
 }
 
@@ -190,18 +339,18 @@ void idemhost_consumer_database_list_list_sql_value_free(idemhost_consumer_datab
   }
 }
 
-void idemhost_consumer_database_result_list_list_sql_value_string_free(idemhost_consumer_database_result_list_list_sql_value_string_t *ptr) {
+void idemhost_consumer_database_result_list_list_sql_value_db_error_free(idemhost_consumer_database_result_list_list_sql_value_db_error_t *ptr) {
   if (!ptr->is_err) {
     idemhost_consumer_database_list_list_sql_value_free(&ptr->val.ok);
   } else {
-    handler_string_free(&ptr->val.err);
+    idemhost_consumer_database_db_error_free(&ptr->val.err);
   }
 }
 
-void idemhost_consumer_database_result_void_string_free(idemhost_consumer_database_result_void_string_t *ptr) {
+void idemhost_consumer_database_result_void_db_error_free(idemhost_consumer_database_result_void_db_error_t *ptr) {
   if (!ptr->is_err) {
   } else {
-    handler_string_free(&ptr->val.err);
+    idemhost_consumer_database_db_error_free(&ptr->val.err);
   }
 }
 
@@ -247,12 +396,12 @@ void handler_string_free(handler_string_t *ret) {
 
 // Component Adapters
 
-bool idemhost_consumer_database_method_transaction_execute(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, uint64_t *ret, handler_string_t *err) {
+bool idemhost_consumer_database_method_transaction_execute(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, uint64_t *ret, idemhost_consumer_database_db_error_t *err) {
   __attribute__((__aligned__(8)))
-  uint8_t ret_area[(8+2*sizeof(void*))];
+  uint8_t ret_area[(8+12*sizeof(void*))];
   uint8_t *ptr = (uint8_t *) &ret_area;
   __wasm_import_idemhost_consumer_database_method_transaction_execute((self).__handle, (uint8_t *) (*sql).ptr, (*sql).len, (uint8_t *) (*params).ptr, (*params).len, ptr);
-  idemhost_consumer_database_result_u64_string_t result;
+  idemhost_consumer_database_result_u64_db_error_t result;
   switch ((int32_t) *((uint8_t*) (ptr + 0))) {
     case 0: {
       result.is_err = false;
@@ -261,7 +410,50 @@ bool idemhost_consumer_database_method_transaction_execute(idemhost_consumer_dat
     }
     case 1: {
       result.is_err = true;
-      result.val.err = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + 8))), (*((size_t*) (ptr + (8+1*sizeof(void*))))) };
+      handler_option_string_t option;
+      switch ((int32_t) *((uint8_t*) (ptr + (8+1*sizeof(void*))))) {
+        case 0: {
+          option.is_some = false;
+          break;
+        }
+        case 1: {
+          option.is_some = true;
+          option.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (8+2*sizeof(void*))))), (*((size_t*) (ptr + (8+3*sizeof(void*))))) };
+          break;
+        }
+      }
+      handler_option_string_t option35;
+      switch ((int32_t) *((uint8_t*) (ptr + (8+6*sizeof(void*))))) {
+        case 0: {
+          option35.is_some = false;
+          break;
+        }
+        case 1: {
+          option35.is_some = true;
+          option35.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (8+7*sizeof(void*))))), (*((size_t*) (ptr + (8+8*sizeof(void*))))) };
+          break;
+        }
+      }
+      handler_option_string_t option36;
+      switch ((int32_t) *((uint8_t*) (ptr + (8+9*sizeof(void*))))) {
+        case 0: {
+          option36.is_some = false;
+          break;
+        }
+        case 1: {
+          option36.is_some = true;
+          option36.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (8+10*sizeof(void*))))), (*((size_t*) (ptr + (8+11*sizeof(void*))))) };
+          break;
+        }
+      }
+
+      result.val.err = (idemhost_consumer_types_db_error_t) {
+        (idemhost_consumer_types_db_error_kind_t) (int32_t) *((uint8_t*) (ptr + 8)),
+        (handler_option_string_t) option,
+        (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (8+4*sizeof(void*))))), (*((size_t*) (ptr + (8+5*sizeof(void*))))) },
+        (handler_option_string_t) option35,
+        (handler_option_string_t) option36,
+      };
       break;
     }
   }
@@ -274,12 +466,12 @@ bool idemhost_consumer_database_method_transaction_execute(idemhost_consumer_dat
   }
 }
 
-bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, idemhost_consumer_database_list_list_sql_value_t *ret, handler_string_t *err) {
+bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, idemhost_consumer_database_list_list_sql_value_t *ret, idemhost_consumer_database_db_error_t *err) {
   __attribute__((__aligned__(sizeof(void*))))
-  uint8_t ret_area[(3*sizeof(void*))];
+  uint8_t ret_area[(13*sizeof(void*))];
   uint8_t *ptr = (uint8_t *) &ret_area;
   __wasm_import_idemhost_consumer_database_method_transaction_query((self).__handle, (uint8_t *) (*sql).ptr, (*sql).len, (uint8_t *) (*params).ptr, (*params).len, ptr);
-  idemhost_consumer_database_result_list_list_sql_value_string_t result;
+  idemhost_consumer_database_result_list_list_sql_value_db_error_t result;
   switch ((int32_t) *((uint8_t*) (ptr + 0))) {
     case 0: {
       result.is_err = false;
@@ -288,7 +480,50 @@ bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_datab
     }
     case 1: {
       result.is_err = true;
-      result.val.err = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + sizeof(void*)))), (*((size_t*) (ptr + (2*sizeof(void*))))) };
+      handler_option_string_t option43;
+      switch ((int32_t) *((uint8_t*) (ptr + (2*sizeof(void*))))) {
+        case 0: {
+          option43.is_some = false;
+          break;
+        }
+        case 1: {
+          option43.is_some = true;
+          option43.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (3*sizeof(void*))))), (*((size_t*) (ptr + (4*sizeof(void*))))) };
+          break;
+        }
+      }
+      handler_option_string_t option44;
+      switch ((int32_t) *((uint8_t*) (ptr + (7*sizeof(void*))))) {
+        case 0: {
+          option44.is_some = false;
+          break;
+        }
+        case 1: {
+          option44.is_some = true;
+          option44.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (8*sizeof(void*))))), (*((size_t*) (ptr + (9*sizeof(void*))))) };
+          break;
+        }
+      }
+      handler_option_string_t option45;
+      switch ((int32_t) *((uint8_t*) (ptr + (10*sizeof(void*))))) {
+        case 0: {
+          option45.is_some = false;
+          break;
+        }
+        case 1: {
+          option45.is_some = true;
+          option45.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (11*sizeof(void*))))), (*((size_t*) (ptr + (12*sizeof(void*))))) };
+          break;
+        }
+      }
+
+      result.val.err = (idemhost_consumer_types_db_error_t) {
+        (idemhost_consumer_types_db_error_kind_t) (int32_t) *((uint8_t*) (ptr + sizeof(void*))),
+        (handler_option_string_t) option43,
+        (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (5*sizeof(void*))))), (*((size_t*) (ptr + (6*sizeof(void*))))) },
+        (handler_option_string_t) option44,
+        (handler_option_string_t) option45,
+      };
       break;
     }
   }
@@ -301,12 +536,12 @@ bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_datab
   }
 }
 
-bool idemhost_consumer_database_method_transaction_publish(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *subject, handler_list_tuple2_string_string_t *headers, handler_list_u8_t *payload, handler_string_t *err) {
+bool idemhost_consumer_database_method_transaction_publish(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *subject, handler_list_tuple2_string_string_t *headers, handler_list_u8_t *payload, idemhost_consumer_database_db_error_t *err) {
   __attribute__((__aligned__(sizeof(void*))))
-  uint8_t ret_area[(3*sizeof(void*))];
+  uint8_t ret_area[(13*sizeof(void*))];
   uint8_t *ptr = (uint8_t *) &ret_area;
   __wasm_import_idemhost_consumer_database_method_transaction_publish((self).__handle, (uint8_t *) (*subject).ptr, (*subject).len, (uint8_t *) (*headers).ptr, (*headers).len, (uint8_t *) (*payload).ptr, (*payload).len, ptr);
-  idemhost_consumer_database_result_void_string_t result;
+  idemhost_consumer_database_result_void_db_error_t result;
   switch ((int32_t) *((uint8_t*) (ptr + 0))) {
     case 0: {
       result.is_err = false;
@@ -314,7 +549,50 @@ bool idemhost_consumer_database_method_transaction_publish(idemhost_consumer_dat
     }
     case 1: {
       result.is_err = true;
-      result.val.err = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + sizeof(void*)))), (*((size_t*) (ptr + (2*sizeof(void*))))) };
+      handler_option_string_t option;
+      switch ((int32_t) *((uint8_t*) (ptr + (2*sizeof(void*))))) {
+        case 0: {
+          option.is_some = false;
+          break;
+        }
+        case 1: {
+          option.is_some = true;
+          option.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (3*sizeof(void*))))), (*((size_t*) (ptr + (4*sizeof(void*))))) };
+          break;
+        }
+      }
+      handler_option_string_t option0;
+      switch ((int32_t) *((uint8_t*) (ptr + (7*sizeof(void*))))) {
+        case 0: {
+          option0.is_some = false;
+          break;
+        }
+        case 1: {
+          option0.is_some = true;
+          option0.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (8*sizeof(void*))))), (*((size_t*) (ptr + (9*sizeof(void*))))) };
+          break;
+        }
+      }
+      handler_option_string_t option1;
+      switch ((int32_t) *((uint8_t*) (ptr + (10*sizeof(void*))))) {
+        case 0: {
+          option1.is_some = false;
+          break;
+        }
+        case 1: {
+          option1.is_some = true;
+          option1.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (11*sizeof(void*))))), (*((size_t*) (ptr + (12*sizeof(void*))))) };
+          break;
+        }
+      }
+
+      result.val.err = (idemhost_consumer_types_db_error_t) {
+        (idemhost_consumer_types_db_error_kind_t) (int32_t) *((uint8_t*) (ptr + sizeof(void*))),
+        (handler_option_string_t) option,
+        (handler_string_t) (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (5*sizeof(void*))))), (*((size_t*) (ptr + (6*sizeof(void*))))) },
+        (handler_option_string_t) option0,
+        (handler_option_string_t) option1,
+      };
       break;
     }
   }
@@ -330,7 +608,36 @@ void idemhost_consumer_logging_log(handler_string_t *level, handler_string_t *me
   __wasm_import_idemhost_consumer_logging_log((uint8_t *) (*level).ptr, (*level).len, (uint8_t *) (*message).ptr, (*message).len);
 }
 
-__attribute__((__export_name__("idemhost:consumer/handling@0.1.0#handle")))
+bool idemhost_consumer_config_get(handler_string_t *key, handler_string_t *ret) {
+  __attribute__((__aligned__(sizeof(void*))))
+  uint8_t ret_area[(3*sizeof(void*))];
+  uint8_t *ptr = (uint8_t *) &ret_area;
+  __wasm_import_idemhost_consumer_config_get((uint8_t *) (*key).ptr, (*key).len, ptr);
+  handler_option_string_t option;
+  switch ((int32_t) *((uint8_t*) (ptr + 0))) {
+    case 0: {
+      option.is_some = false;
+      break;
+    }
+    case 1: {
+      option.is_some = true;
+      option.val = (handler_string_t) { (uint8_t*)(*((uint8_t **) (ptr + sizeof(void*)))), (*((size_t*) (ptr + (2*sizeof(void*))))) };
+      break;
+    }
+  }
+  *ret = option.val;
+  return option.is_some;
+}
+
+void idemhost_consumer_config_get_all(handler_list_tuple2_string_string_t *ret) {
+  __attribute__((__aligned__(sizeof(void*))))
+  uint8_t ret_area[(2*sizeof(void*))];
+  uint8_t *ptr = (uint8_t *) &ret_area;
+  __wasm_import_idemhost_consumer_config_get_all(ptr);
+  *ret = (handler_list_tuple2_string_string_t) { (handler_tuple2_string_string_t*)(*((uint8_t **) (ptr + 0))), (*((size_t*) (ptr + sizeof(void*)))) };
+}
+
+__attribute__((__export_name__("idemhost:consumer/handling@0.2.0#handle")))
 uint8_t * __wasm_export_exports_idemhost_consumer_handling_handle(int32_t arg, uint8_t * arg0, size_t arg1, uint8_t * arg2, size_t arg3, int32_t arg4, uint8_t * arg5, size_t arg6, uint8_t * arg7, size_t arg8, uint8_t * arg9, size_t arg10, int32_t arg11) {
   handler_option_string_t option;
   switch (arg4) {

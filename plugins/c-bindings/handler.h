@@ -15,13 +15,87 @@ typedef struct handler_string_t {
 } handler_string_t;
 
 typedef struct {
+  bool is_some;
+  bool val;
+} handler_option_bool_t;
+
+typedef struct {
+  handler_option_bool_t *ptr;
+  size_t len;
+} handler_list_option_bool_t;
+
+typedef struct {
+  bool is_some;
+  int64_t val;
+} handler_option_s64_t;
+
+typedef struct {
+  handler_option_s64_t *ptr;
+  size_t len;
+} handler_list_option_s64_t;
+
+typedef struct {
+  bool is_some;
+  double val;
+} handler_option_f64_t;
+
+typedef struct {
+  handler_option_f64_t *ptr;
+  size_t len;
+} handler_list_option_f64_t;
+
+typedef struct {
+  bool is_some;
+  handler_string_t val;
+} handler_option_string_t;
+
+typedef struct {
+  handler_option_string_t *ptr;
+  size_t len;
+} handler_list_option_string_t;
+
+typedef struct {
+  bool is_some;
+  int32_t val;
+} handler_option_s32_t;
+
+typedef struct {
+  handler_option_s32_t *ptr;
+  size_t len;
+} handler_list_option_s32_t;
+
+// A one-dimensional array, by element type (binds as `int8[]`, `text[]` ...).
+typedef struct idemhost_consumer_types_sql_array_t {
+  uint8_t tag;
+  union {
+    handler_list_option_bool_t     boolean;
+    handler_list_option_s64_t     int_;
+    handler_list_option_f64_t     float_;
+    handler_list_option_string_t     text;
+    handler_list_option_string_t     numeric;
+    handler_list_option_s64_t     timestamp;
+    handler_list_option_s32_t     date;
+    handler_list_option_string_t     uuid;
+  } val;
+} idemhost_consumer_types_sql_array_t;
+
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_BOOLEAN 0
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_INT 1
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_FLOAT 2
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_TEXT 3
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_NUMERIC 4
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_TIMESTAMP 5
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_DATE 6
+#define IDEMHOST_CONSUMER_TYPES_SQL_ARRAY_UUID 7
+
+typedef struct {
   uint8_t *ptr;
   size_t len;
 } handler_list_u8_t;
 
-// A SQL parameter or result value. Integers are 64-bit; `json` carries JSON text
-// (json/jsonb columns); `text` also carries types the host renders as text (numeric, uuid,
-// timestamps) when the query casts them.
+// A SQL parameter or result value. Each case binds as its own PostgreSQL type (listed); a
+// statement casts where a column differs (`$1::int4`). Result columns of other types are
+// refused with a hint to cast them in the query.
 typedef struct idemhost_consumer_types_sql_value_t {
   uint8_t tag;
   union {
@@ -31,21 +105,89 @@ typedef struct idemhost_consumer_types_sql_value_t {
     handler_string_t     text;
     handler_list_u8_t     bytes;
     handler_string_t     json;
+    handler_string_t     numeric;
+    int64_t     timestamp;
+    int32_t     date;
+    handler_string_t     uuid;
+    idemhost_consumer_types_sql_array_t     array;
   } val;
 } idemhost_consumer_types_sql_value_t;
 
+// SQL NULL; as a parameter its type is inferred from the statement.
 #define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_NULL 0
+// boolean
 #define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_BOOLEAN 1
+// int8 (int2, int4, int8 and oid columns arrive here)
 #define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_INT 2
+// float8 (float4 and float8 columns arrive here)
 #define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_FLOAT 3
+// text (varchar, char, name, citext columns arrive here)
 #define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_TEXT 4
+// bytea
 #define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_BYTES 5
+// jsonb, as JSON text (json and jsonb columns arrive here)
 #define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_JSON 6
+// numeric, as its exact decimal text: `-12.50`, `1e-3` on the way in; `NaN`, `Infinity`
+// and `-Infinity` as PostgreSQL spells them. Never a float on the way.
+#define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_NUMERIC 7
+// timestamp with time zone, in microseconds since 1970-01-01T00:00:00Z (`timestamp`
+// columns arrive here read as UTC). PostgreSQL's `infinity` and `-infinity` are the
+// largest and smallest s64.
+#define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_TIMESTAMP 8
+// date, in days since 1970-01-01 (`infinity`/`-infinity`: the largest and smallest s32).
+#define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_DATE 9
+// uuid, as lower-case hyphenated text (any case, with or without hyphens, on the way in).
+#define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_UUID 10
+// A one-dimensional array (lower bound 1) of one scalar type; elements may be null.
+#define IDEMHOST_CONSUMER_TYPES_SQL_VALUE_ARRAY 11
 
-typedef struct {
-  bool is_some;
-  handler_string_t val;
-} handler_option_string_t;
+// What kind of failure a database call met: what a handler decides on. The host has already
+// marked the transaction for rollback whatever the kind (a failed statement aborts it in
+// PostgreSQL); the handler's answer decides what happens to the message, except that a
+// serialization failure or a deadlock always runs the transaction again.
+typedef uint8_t idemhost_consumer_types_db_error_kind_t;
+
+// 23505: a unique or primary key constraint (usually terminal: the row exists).
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_UNIQUE_VIOLATION 0
+// 23503: a foreign key constraint.
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_FOREIGN_KEY_VIOLATION 1
+// 23514: a check constraint.
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_CHECK_VIOLATION 2
+// 23502: a NOT NULL column.
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_NOT_NULL_VIOLATION 3
+// Another integrity constraint (class 23: exclusion, restrict).
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_INTEGRITY_VIOLATION 4
+// Class 22: a value the column or function cannot take (bad input syntax, out of range,
+// division by zero).
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_INVALID_VALUE 5
+// 40001: the host runs the whole transaction again, whatever the handler answers.
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_SERIALIZATION_FAILURE 6
+// 40P01: as serialization-failure.
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_DEADLOCK 7
+// A statement or lock wait past the consumer's timeout or the attempt's deadline
+// (57014, 55P03).
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_TIMEOUT 8
+// An earlier call of this delivery failed, so the transaction is aborted (25P02).
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_ABORTED 9
+// The host refused the call before the database saw it: the SQL gate, a parameter, a
+// limit on rows or bytes, an outbox header. No SQLSTATE.
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_REFUSED 10
+// Anything else: syntax, an undefined table or column, a missing privilege, the
+// connection.
+#define IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_OTHER 11
+
+// A failed database call. Texts come from PostgreSQL (or the host, for `refused`), escaped
+// and cut to 1 KiB each.
+typedef struct idemhost_consumer_types_db_error_t {
+  idemhost_consumer_types_db_error_kind_t   kind;
+  // The five-character SQLSTATE, when PostgreSQL answered.
+  handler_option_string_t   sqlstate;
+  handler_string_t   message;
+  // PostgreSQL's DETAIL (`Key (sku)=(A-1) already exists.`).
+  handler_option_string_t   detail;
+  // The constraint's name, for integrity violations.
+  handler_option_string_t   constraint;
+} idemhost_consumer_types_db_error_t;
 
 typedef struct {
   handler_string_t f0;
@@ -87,6 +229,8 @@ typedef struct idemhost_consumer_types_handler_error_t {
 
 typedef idemhost_consumer_types_sql_value_t idemhost_consumer_database_sql_value_t;
 
+typedef idemhost_consumer_types_db_error_t idemhost_consumer_database_db_error_t;
+
 typedef struct idemhost_consumer_database_own_transaction_t {
   int32_t __handle;
 } idemhost_consumer_database_own_transaction_t;
@@ -104,9 +248,9 @@ typedef struct {
   bool is_err;
   union {
     uint64_t ok;
-    handler_string_t err;
+    idemhost_consumer_database_db_error_t err;
   } val;
-} idemhost_consumer_database_result_u64_string_t;
+} idemhost_consumer_database_result_u64_db_error_t;
 
 typedef struct {
   idemhost_consumer_database_list_sql_value_t *ptr;
@@ -117,16 +261,16 @@ typedef struct {
   bool is_err;
   union {
     idemhost_consumer_database_list_list_sql_value_t ok;
-    handler_string_t err;
+    idemhost_consumer_database_db_error_t err;
   } val;
-} idemhost_consumer_database_result_list_list_sql_value_string_t;
+} idemhost_consumer_database_result_list_list_sql_value_db_error_t;
 
 typedef struct {
   bool is_err;
   union {
-    handler_string_t err;
+    idemhost_consumer_database_db_error_t err;
   } val;
-} idemhost_consumer_database_result_void_string_t;
+} idemhost_consumer_database_result_void_db_error_t;
 
 typedef idemhost_consumer_types_message_t exports_idemhost_consumer_handling_message_t;
 
@@ -141,33 +285,61 @@ typedef struct {
   } val;
 } exports_idemhost_consumer_handling_result_void_handler_error_t;
 
-// Imported Functions from `idemhost:consumer/database@0.1.0`
+// Imported Functions from `idemhost:consumer/database@0.2.0`
 // Runs a statement and returns the number of rows it affected.
-extern bool idemhost_consumer_database_method_transaction_execute(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, uint64_t *ret, handler_string_t *err);
+extern bool idemhost_consumer_database_method_transaction_execute(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, uint64_t *ret, idemhost_consumer_database_db_error_t *err);
 // Runs a statement and returns its rows, each a list of column values.
-extern bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, idemhost_consumer_database_list_list_sql_value_t *ret, handler_string_t *err);
+extern bool idemhost_consumer_database_method_transaction_query(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *sql, idemhost_consumer_database_list_sql_value_t *params, idemhost_consumer_database_list_list_sql_value_t *ret, idemhost_consumer_database_db_error_t *err);
 // Publishes an event through the transactional outbox: a row written in this same
 // transaction, relayed to JetStream by the host only after the commit — never if the
 // delivery rolls back. Its broker id is derived from the consumer name, this message's id
 // and the call's position within `handle`, so redeliveries and relay restarts cannot
 // duplicate it. The host adds `Idemhost-Causation-Id` (this message's id) and copies
 // `traceparent`/`tracestate`; `Nats-Msg-Id` and `Idemhost-Message-Id` may not be set.
-extern bool idemhost_consumer_database_method_transaction_publish(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *subject, handler_list_tuple2_string_string_t *headers, handler_list_u8_t *payload, handler_string_t *err);
+extern bool idemhost_consumer_database_method_transaction_publish(idemhost_consumer_database_borrow_transaction_t self, handler_string_t *subject, handler_list_tuple2_string_string_t *headers, handler_list_u8_t *payload, idemhost_consumer_database_db_error_t *err);
 
-// Imported Functions from `idemhost:consumer/logging@0.1.0`
+// Imported Functions from `idemhost:consumer/logging@0.2.0`
 // `level` is one of trace, debug, info, warn, error. Lines join the delivery's log span.
 extern void idemhost_consumer_logging_log(handler_string_t *level, handler_string_t *message);
 
-// Exported Functions from `idemhost:consumer/handling@0.1.0`
+// Imported Functions from `idemhost:consumer/config@0.2.0`
+// The value of `key`, if the table has it.
+extern bool idemhost_consumer_config_get(handler_string_t *key, handler_string_t *ret);
+// Every key and value, sorted by key.
+extern void idemhost_consumer_config_get_all(handler_list_tuple2_string_string_t *ret);
+
+// Exported Functions from `idemhost:consumer/handling@0.2.0`
 bool exports_idemhost_consumer_handling_handle(exports_idemhost_consumer_handling_borrow_transaction_t tx, exports_idemhost_consumer_handling_message_t *msg, exports_idemhost_consumer_handling_handler_error_t *err);
 
 // Helper Functions
+
+void handler_option_bool_free(handler_option_bool_t *ptr);
+
+void handler_list_option_bool_free(handler_list_option_bool_t *ptr);
+
+void handler_option_s64_free(handler_option_s64_t *ptr);
+
+void handler_list_option_s64_free(handler_list_option_s64_t *ptr);
+
+void handler_option_f64_free(handler_option_f64_t *ptr);
+
+void handler_list_option_f64_free(handler_list_option_f64_t *ptr);
+
+void handler_option_string_free(handler_option_string_t *ptr);
+
+void handler_list_option_string_free(handler_list_option_string_t *ptr);
+
+void handler_option_s32_free(handler_option_s32_t *ptr);
+
+void handler_list_option_s32_free(handler_list_option_s32_t *ptr);
+
+void idemhost_consumer_types_sql_array_free(idemhost_consumer_types_sql_array_t *ptr);
 
 void handler_list_u8_free(handler_list_u8_t *ptr);
 
 void idemhost_consumer_types_sql_value_free(idemhost_consumer_types_sql_value_t *ptr);
 
-void handler_option_string_free(handler_option_string_t *ptr);
+void idemhost_consumer_types_db_error_free(idemhost_consumer_types_db_error_t *ptr);
 
 void handler_tuple2_string_string_free(handler_tuple2_string_string_t *ptr);
 
@@ -179,6 +351,8 @@ void idemhost_consumer_types_handler_error_free(idemhost_consumer_types_handler_
 
 void idemhost_consumer_database_sql_value_free(idemhost_consumer_database_sql_value_t *ptr);
 
+void idemhost_consumer_database_db_error_free(idemhost_consumer_database_db_error_t *ptr);
+
 extern void idemhost_consumer_database_transaction_drop_own(idemhost_consumer_database_own_transaction_t handle);
 
 extern void idemhost_consumer_database_transaction_drop_borrow(idemhost_consumer_database_borrow_transaction_t handle);
@@ -187,13 +361,13 @@ extern idemhost_consumer_database_borrow_transaction_t idemhost_consumer_databas
 
 void idemhost_consumer_database_list_sql_value_free(idemhost_consumer_database_list_sql_value_t *ptr);
 
-void idemhost_consumer_database_result_u64_string_free(idemhost_consumer_database_result_u64_string_t *ptr);
+void idemhost_consumer_database_result_u64_db_error_free(idemhost_consumer_database_result_u64_db_error_t *ptr);
 
 void idemhost_consumer_database_list_list_sql_value_free(idemhost_consumer_database_list_list_sql_value_t *ptr);
 
-void idemhost_consumer_database_result_list_list_sql_value_string_free(idemhost_consumer_database_result_list_list_sql_value_string_t *ptr);
+void idemhost_consumer_database_result_list_list_sql_value_db_error_free(idemhost_consumer_database_result_list_list_sql_value_db_error_t *ptr);
 
-void idemhost_consumer_database_result_void_string_free(idemhost_consumer_database_result_void_string_t *ptr);
+void idemhost_consumer_database_result_void_db_error_free(idemhost_consumer_database_result_void_db_error_t *ptr);
 
 void exports_idemhost_consumer_handling_message_free(exports_idemhost_consumer_handling_message_t *ptr);
 

@@ -49,6 +49,7 @@ static bool reserve(tx_t tx, const idemhost_consumer_types_message_t *msg, handl
       [F_QUANTITY] = {.name = "quantity", .kind = JSON_FIELD_I64},
   };
   const uint8_t TERMINAL = IDEMHOST_CONSUMER_TYPES_HANDLER_ERROR_TERMINAL;
+  const uint8_t RETRYABLE = IDEMHOST_CONSUMER_TYPES_HANDLER_ERROR_RETRYABLE;
   char buf[1024], reason[256];
   text_t t = text_on(buf, sizeof buf);
   bool ok = false;
@@ -68,14 +69,21 @@ static bool reserve(tx_t tx, const idemhost_consumer_types_message_t *msg, handl
        .val.text = {(uint8_t *)f[F_SKU].str, f[F_SKU].str_len}},
   };
   idemhost_consumer_database_list_sql_value_t list = {params, 2};
-  handler_string_t sql, db_err;
+  handler_string_t sql;
+  idemhost_consumer_types_db_error_t db_err;
   handler_string_set(&sql, RESERVE);
   uint64_t changed = 0;
   // A SQL error already poisoned the host's transaction; the host classifies it
   // (serialization failures are retried whole), so we only pass its text along.
   if (!idemhost_consumer_database_method_transaction_execute(tx, &sql, &list, &changed, &db_err)) {
-    err->tag = IDEMHOST_CONSUMER_TYPES_HANDLER_ERROR_RETRYABLE;
-    err->val.retryable = db_err;  // ownership passes on to the bindings
+    // "SQLSTATE: message", as PostgreSQL said it.
+    if (db_err.sqlstate.is_some) {
+      text_addn(&t, (const char *)db_err.sqlstate.val.ptr, db_err.sqlstate.val.len);
+      text_add(&t, ": ");
+    }
+    text_addn(&t, (const char *)db_err.message.ptr, db_err.message.len);
+    idemhost_consumer_types_db_error_free(&db_err);
+    ok = fail(err, RETRYABLE, &t);
     goto out;
   }
   if (changed != 1) {

@@ -9,7 +9,7 @@
 // plugin (serde_json) keeps every i64 exact and refuses duplicates, so the payload goes through
 // the small strict parser in ./json.js instead.
 
-import { log } from 'idemhost:consumer/logging@0.1.0';
+import { log } from 'idemhost:consumer/logging@0.2.0';
 import { parseJson, Malformed } from './json.js';
 
 const RESERVE =
@@ -43,10 +43,11 @@ function parseOrderPlaced(payload) {
   return event;
 }
 
-// A database error from the host arrives as a thrown value carrying the error string.
+// A database error from the host arrives as a thrown value whose `payload` is the db-error
+// (`kind`, `sqlstate`, `message`, `detail`, `constraint`).
 function errorText(e) {
-  if (typeof e === 'string') return e;
-  if (e && typeof e.payload === 'string') return e.payload;
+  const p = e && e.payload;
+  if (p && typeof p.message === 'string') return p.sqlstate ? `${p.sqlstate}: ${p.message}` : p.message;
   return String(e && e.message !== undefined ? e.message : e);
 }
 

@@ -106,7 +106,7 @@ class Handling(exports.Handling):
         try:
             changed = tx.execute(RESERVE, [SqlValue_Int(quantity), SqlValue_Text(event["sku"])])
         except Err as e:
-            raise Err(HandlerError_Retryable(e.value))
+            raise Err(HandlerError_Retryable(f"{e.value.sqlstate}: {e.value.message}" if e.value.sqlstate else e.value.message))
         if changed != 1:
             raise Err(
                 HandlerError_Terminal(f"Unknown SKU or insufficient inventory for {order_id}")

@@ -51,7 +51,7 @@ def _db(call, *args):
         return call(*args)
     except Err as e:
         # The failed statement already poisoned the host's transaction; it classifies it.
-        raise Err(HandlerError_Retryable(e.value))
+        raise Err(HandlerError_Retryable(f"{e.value.sqlstate}: {e.value.message}" if e.value.sqlstate else e.value.message))
 
 
 def _prefix(subject: str) -> str:

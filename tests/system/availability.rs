@@ -41,6 +41,12 @@ mod tempdir {
 impl Arena {
     /// Starts the host; `attacker_keys` are extra keys of the attacker's consumer.
     pub(crate) async fn start(tag: &str, attacker_keys: &str) -> Arena {
+        Self::start_as(tag, attacker_keys, "testkit").await
+    }
+
+    /// [`Self::start`] with the attacker running `plugin` (`testkit-0.2`: the testkit built
+    /// against idemhost:consumer@0.2.0).
+    pub(crate) async fn start_as(tag: &str, attacker_keys: &str, plugin: &str) -> Arena {
         let env = TestEnv::new(tag).await;
         env.execute(
             "CREATE TABLE attack_t (id serial PRIMARY KEY, v text);
@@ -58,7 +64,7 @@ impl Arena {
         } else {
             format!("tables = [\"attack_t\", \"inventory\"]\n{attacker_keys}")
         };
-        let mut text = config_text(&env, &attacker, "attacker-v1", "testkit", &keys);
+        let mut text = config_text(&env, &attacker, "attacker-v1", plugin, &keys);
         text.push_str(&format!(
             "\n[[consumer]]\nname = \"bystander-v1\"\nstream = \"{}\"\nsubjects = [\"{}\"]\n\
              plugin = \"{}\"\ndead_letter_subject = \"{}\"\ntables = [\"inventory\", \"bystander_t\"]\n\
@@ -84,6 +90,19 @@ impl Arena {
             _dir: tempdir::Dir(dir),
             app,
         }
+    }
+
+    /// MiB the host's peak RSS grew while `scripts` ran to the end, a bystander applying
+    /// before and meanwhile (warmed first: the first deliveries, instances and pools, grow the
+    /// host by themselves).
+    async fn peak_growth(&mut self, scripts: &[String]) -> u64 {
+        self.bystander_applies(4).await;
+        let before = self.peak_rss();
+        self.attack(scripts).await;
+        self.bystander_applies(4).await;
+        self.attack_drained(Duration::from_secs(300)).await;
+        self.alive();
+        self.peak_rss().saturating_sub(before) >> 20
     }
 
     /// Publishes attack scripts (one message each).
@@ -668,20 +687,80 @@ async fn huge_results_and_errors_cannot_grow_the_host() {
             "SELECT ('[' || repeat('{\"a\":[0]},', 1000000) || '0]')::jsonb AS j",
         ));
     }
-    // Warm: the first deliveries (instances, pools) grow the host by themselves.
-    arena.bystander_applies(4).await;
-    let before = arena.peak_rss();
-    arena.attack(&scripts).await;
-    arena.bystander_applies(4).await;
-    arena.attack_drained(Duration::from_secs(300)).await;
-    arena.alive();
-    let grew = arena.peak_rss().saturating_sub(before) >> 20;
+    let grew = arena.peak_growth(&scripts).await;
     eprintln!(
         "{} huge results: the host's peak RSS grew {grew} MiB",
         scripts.len()
     );
     // The stated bound (SECURITY.md): the plugin's memory_limit (64 MiB here) plus 96 MiB —
     // one message's buffer, a result's 16 MiB as rows and again as the plugin's values.
+    assert!(grew < 64 + 96, "the host's peak RSS grew {grew} MiB");
+    arena.stop().await;
+}
+
+/// WIT 0.2.0's values in both directions, from a 0.2.0 attacker: arrays of up to 3.4 million
+/// elements in one 16 MiB result (each empty text an `Option<String>` on the host: 130 MiB of
+/// host memory before the element bound), numerics padded out to the server's limits or past
+/// them, multi-dimensional arrays, and array and numeric parameters at the sizes a 64 MiB plugin
+/// can send. The host's peak memory stays within the stated bound and the bystander applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_values_cannot_grow_the_host() {
+    let mut arena = Arena::start_as(
+        "values",
+        "max_deliver = 1\nmax_in_flight = 1\nhandler_timeout = \"20s\"\nmemory_limit = \"64MiB\"\n",
+        "testkit-0.2",
+    )
+    .await;
+    let mut scripts = Vec::new();
+    for n in [99_999u64, 100_001, 1_000_000, 3_300_000, 20_000_000] {
+        for kind in ["query", "execute"] {
+            for element in [
+                "''::text",
+                "0::int2",
+                "0::numeric",
+                "'epoch'::timestamptz",
+                "NULL::uuid",
+            ] {
+                scripts.push(statement(
+                    kind,
+                    &format!("SELECT array_fill({element}, ARRAY[{n}])"),
+                ));
+            }
+            scripts.push(statement(
+                kind,
+                &format!("SELECT array_fill(0, ARRAY[{}, 2])", n / 2),
+            ));
+        }
+    }
+    for n in ["131071", "131072", "16383", "99999999"] {
+        scripts.push(statement(
+            "query",
+            &format!("SELECT ('1e' || {n})::numeric"),
+        ));
+        scripts.push(statement(
+            "query",
+            &format!("SELECT ('1e-' || {n})::numeric"),
+        ));
+    }
+    // Parameters: a numeric and arrays as large as the plugin can hold.
+    let with = |param: serde_json::Value| {
+        serde_json::json!({ "steps": [{ "query": "SELECT $1", "params": [param] }] }).to_string()
+    };
+    for exponent in ["1e131071", "1e-16383", "1e131072", "1e99999999"] {
+        scripts.push(with(serde_json::json!({ "numeric": exponent })));
+    }
+    for n in [131_072u64, 131_073, 1 << 20, 16 << 20] {
+        scripts.push(with(serde_json::json!({ "numeric_digits": n })));
+    }
+    for n in [100_000u64, 2_000_000, 5_000_000] {
+        scripts.push(with(serde_json::json!({ "text_array_of": n })));
+        scripts.push(with(serde_json::json!({ "int_array_of": n })));
+    }
+    let grew = arena.peak_growth(&scripts).await;
+    eprintln!(
+        "{} value attacks: the host's peak RSS grew {grew} MiB",
+        scripts.len()
+    );
     assert!(grew < 64 + 96, "the host's peak RSS grew {grew} MiB");
     arena.stop().await;
 }

@@ -200,21 +200,58 @@ async fn missing_or_wrong_keys_are_one_line_errors() {
 /// component of every language, and names a refused one's reason with a non-zero exit.
 #[test]
 fn plugin_check_names_the_wit_version_a_component_targets() {
-    for name in ["inventory", "inventory-py", "inventory-js", "inventory-c"] {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wit-0.1.0");
+    let builds = [
+        (plugin_path("inventory"), "0.2.0"),
+        (plugin_path("inventory-py"), "0.2.0"),
+        (plugin_path("inventory-js"), "0.2.0"),
+        (plugin_path("inventory-c"), "0.2.0"),
+        (plugin_path("testkit"), "0.1.0"),
+        (plugin_path("template-py-0.1"), "0.1.0"),
+        (plugin_path("template-js-0.1"), "0.1.0"),
+        (fixtures.join("template-rust.wasm"), "0.1.0"),
+        (fixtures.join("template-c.wasm"), "0.1.0"),
+    ];
+    for (path, version) in builds {
         let out = run_ok(
             Command::new(env!("CARGO_BIN_EXE_idemhost"))
                 .args(["plugin", "check"])
-                .arg(plugin_path(name)),
+                .arg(&path),
         );
         let said = String::from_utf8_lossy(&out.stdout);
+        let targets = format!("idemhost:consumer@{version}");
         assert!(
             said.lines()
-                .any(|l| l.split_whitespace().collect::<Vec<_>>()
-                    == ["targets", "idemhost:consumer@0.1.0"]),
-            "{name}: {said}"
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["targets", &targets]),
+            "{}: {said}",
+            path.display()
         );
     }
+    // One version throughout: a 0.2.0 export with a 0.1.0 import is refused.
     let dir = tmpdir();
+    let mixed = dir.join("mixed.wasm");
+    std::fs::write(
+        &mixed,
+        wat::parse_str(
+            r#"(component
+                 (import "idemhost:consumer/database@0.1.0" (instance))
+                 (instance $h)
+                 (export "idemhost:consumer/handling@0.2.0" (instance $h)))"#,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+        .args(["plugin", "check"])
+        .arg(&mixed)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("targets one version of idemhost:consumer"),
+        "{out:?}"
+    );
     let other = dir.join("other-version.wasm");
     std::fs::write(
         &other,
@@ -229,7 +266,8 @@ fn plugin_check_names_the_wit_version_a_component_targets() {
         .unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && said.contains("this host speaks idemhost:consumer@0.1.x"),
+        !out.status.success()
+            && said.contains("this host speaks idemhost:consumer@0.1.x and 0.2.x"),
         "{out:?}"
     );
 }

@@ -1,7 +1,11 @@
 //! One conformance suite for every plugin language: the same cases run against the Rust,
-//! Python, JavaScript and C builds of the seed's inventory handler and of the plugin template
-//! (`plugins/templates/<lang>`), all loaded by the same host through the same WIT world, and
-//! every case checks database state by SQL. Test names read `<case>::<language>`.
+//! Python, JavaScript and C builds of the seed's inventory handler, of the plugin template
+//! (`plugins/templates/<lang>`) and of the conformance cases (`plugins/conformance/<lang>`), all
+//! loaded by the same host, and every case checks database state by SQL. Those target
+//! idemhost:consumer@0.2.0; beside them the same cases run against components built for 0.1.0
+//! (`tests/fixtures/wit-0.1.0`: the templates as they were, the Rust and C ones as built then),
+//! which the host runs unchanged. Test names read `<case>::<language>` and
+//! `<case>::<language>_wit_0_1`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -32,19 +36,66 @@ macro_rules! for_each_language {
     )*};
 }
 
+/// Generates `mod <case> { rust, ..., c, rust_wit_0_1, ..., c_wit_0_1 }`: the case against each
+/// language's 0.2.0 build and against its 0.1.0 fixture.
+macro_rules! for_each_build {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            use super::Wit::{V0_1, V0_2};
+            #[tokio::test]
+            async fn rust() { super::$case("rust", V0_2).await }
+            #[tokio::test]
+            async fn python() { super::$case("py", V0_2).await }
+            #[tokio::test]
+            async fn javascript() { super::$case("js", V0_2).await }
+            #[tokio::test]
+            async fn c() { super::$case("c", V0_2).await }
+            #[tokio::test]
+            async fn rust_wit_0_1() { super::$case("rust", V0_1).await }
+            #[tokio::test]
+            async fn python_wit_0_1() { super::$case("py", V0_1).await }
+            #[tokio::test]
+            async fn javascript_wit_0_1() { super::$case("js", V0_1).await }
+            #[tokio::test]
+            async fn c_wit_0_1() { super::$case("c", V0_1).await }
+        }
+    )*};
+}
+
+/// The WIT version a build targets.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Wit {
+    V0_1,
+    V0_2,
+}
+
+impl Wit {
+    fn tag(self) -> &'static str {
+        match self {
+            Wit::V0_1 => "w01",
+            Wit::V0_2 => "w02",
+        }
+    }
+}
+
 for_each_language!(
     applies_once_and_acks_the_duplicate,
     business_failure_rolls_back_and_the_id_applies_later,
     malformed_payloads_are_terminal_without_effect,
     well_formed_edge_cases_parse_like_rust,
     bad_json_is_dead_lettered_through_nats,
+    a_unique_violation_arrives_typed_and_the_plugin_makes_it_terminal,
+    the_template_reads_its_limit_from_the_consumer_config,
+    component_imports_only_granted_interfaces,
+);
+
+for_each_build!(
     refused_sql_reaches_the_plugin_as_an_error,
     trap_is_retryable_and_rolls_back,
     busy_loop_is_cut_at_the_deadline,
     template_records_a_business_key_once,
-    template_retryable_error_rolls_back,
+    retryable_errors_roll_back,
     no_state_survives_from_one_delivery_to_the_next,
-    component_imports_only_granted_interfaces,
 );
 
 fn inventory_name(lang: &str) -> String {
@@ -56,6 +107,41 @@ fn inventory_name(lang: &str) -> String {
 
 fn template_name(lang: &str) -> String {
     format!("template-{lang}")
+}
+
+/// The build holding the conformance cases: at 0.2.0 `plugins/conformance/<lang>`, at 0.1.0 the
+/// template as it was (it held the cases then).
+fn conformance_name(lang: &str, wit: Wit) -> String {
+    match wit {
+        Wit::V0_2 => format!("conformance-{lang}"),
+        Wit::V0_1 => fixture_name(lang),
+    }
+}
+
+/// The template's build: at 0.1.0 the fixture.
+fn template_build(lang: &str, wit: Wit) -> String {
+    match wit {
+        Wit::V0_2 => template_name(lang),
+        Wit::V0_1 => fixture_name(lang),
+    }
+}
+
+/// A 0.1.0 component: Rust and C as built then and committed (`fixture/`), Python and JavaScript
+/// (megabytes each) built from the sources kept beside them.
+fn fixture_name(lang: &str) -> String {
+    match lang {
+        "rust" | "c" => format!("fixture/template-{lang}"),
+        other => format!("template-{other}-0.1"),
+    }
+}
+
+fn component_path(name: &str) -> std::path::PathBuf {
+    match name.strip_prefix("fixture/") {
+        Some(file) => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/wit-0.1.0")
+            .join(format!("{file}.wasm")),
+        None => plugin_path(name),
+    }
 }
 
 /// One loaded handler per component for the whole test binary (the runtime's compile cache
@@ -75,7 +161,7 @@ fn plugin(name: &str) -> Arc<WasmHandler> {
             timeout: HANDLER_TIMEOUT,
             memory: 64 << 20,
         };
-        Arc::new(runtime().load(&plugin_path(name), limits).unwrap())
+        Arc::new(runtime().load(&component_path(name), limits).unwrap())
     })
     .clone()
 }
@@ -323,7 +409,8 @@ async fn template_env(tag: &str, lang: &str) -> TestEnv {
     sqlx::raw_sql(
         "CREATE TABLE note (note_id text PRIMARY KEY, body text NOT NULL, message_id text NOT NULL);
          CREATE TABLE conformance_refusal (message_id text NOT NULL, error text NOT NULL);
-         CREATE TABLE conformance_state (message_id text NOT NULL, calls bigint NOT NULL);",
+         CREATE TABLE conformance_state (message_id text NOT NULL, calls bigint NOT NULL);
+         CREATE TABLE conformance_unique (k text PRIMARY KEY, message_id text NOT NULL);",
     )
     .execute(&env.pool)
     .await
@@ -333,9 +420,9 @@ async fn template_env(tag: &str, lang: &str) -> TestEnv {
 
 /// The template records the refusal it was given and returns `ok`: the refusal still fails the
 /// attempt (its reason names what was refused), and nothing of it commits.
-async fn refused_sql_reaches_the_plugin_as_an_error(lang: &str) {
-    let env = template_env("refused", lang).await;
-    let (p, c) = (plugin(&template_name(lang)), claimer(&env));
+async fn refused_sql_reaches_the_plugin_as_an_error(lang: &str, wit: Wit) {
+    let env = template_env("refused", &format!("{lang}_{}", wit.tag())).await;
+    let (p, c) = (plugin(&conformance_name(lang, wit)), claimer(&env));
     let msg = event("evt-refused", "conformance.refused-sql", b"{}");
     let outcome = c.process(p.as_ref(), &msg).await.outcome;
     assert!(
@@ -351,9 +438,9 @@ async fn refused_sql_reaches_the_plugin_as_an_error(lang: &str) {
     env.cleanup().await;
 }
 
-async fn trap_is_retryable_and_rolls_back(lang: &str) {
-    let env = template_env("trap", lang).await;
-    let (p, c) = (plugin(&template_name(lang)), claimer(&env));
+async fn trap_is_retryable_and_rolls_back(lang: &str, wit: Wit) {
+    let env = template_env("trap", &format!("{lang}_{}", wit.tag())).await;
+    let (p, c) = (plugin(&conformance_name(lang, wit)), claimer(&env));
     let outcome = c
         .process(p.as_ref(), &event("evt-trap", "conformance.trap", b"{}"))
         .await
@@ -374,9 +461,9 @@ async fn trap_is_retryable_and_rolls_back(lang: &str) {
     env.cleanup().await;
 }
 
-async fn busy_loop_is_cut_at_the_deadline(lang: &str) {
-    let env = template_env("loop", lang).await;
-    let (p, c) = (plugin(&template_name(lang)), claimer(&env));
+async fn busy_loop_is_cut_at_the_deadline(lang: &str, wit: Wit) {
+    let env = template_env("loop", &format!("{lang}_{}", wit.tag())).await;
+    let (p, c) = (plugin(&conformance_name(lang, wit)), claimer(&env));
     let started = Instant::now();
     let outcome = c
         .process(
@@ -399,9 +486,9 @@ async fn busy_loop_is_cut_at_the_deadline(lang: &str) {
     env.cleanup().await;
 }
 
-async fn template_records_a_business_key_once(lang: &str) {
-    let env = template_env("note", lang).await;
-    let (p, c) = (plugin(&template_name(lang)), claimer(&env));
+async fn template_records_a_business_key_once(lang: &str, wit: Wit) {
+    let env = template_env("note", &format!("{lang}_{}", wit.tag())).await;
+    let (p, c) = (plugin(&template_build(lang, wit)), claimer(&env));
     let body = br#"{"noteId":"n-7","text":"hello"}"#;
     let first = event("evt-note-a", "NoteAdded", body);
     assert_eq!(
@@ -443,9 +530,9 @@ async fn template_records_a_business_key_once(lang: &str) {
     env.cleanup().await;
 }
 
-async fn template_retryable_error_rolls_back(lang: &str) {
-    let env = template_env("retry", lang).await;
-    let (p, c) = (plugin(&template_name(lang)), claimer(&env));
+async fn retryable_errors_roll_back(lang: &str, wit: Wit) {
+    let env = template_env("retry", &format!("{lang}_{}", wit.tag())).await;
+    let (p, c) = (plugin(&conformance_name(lang, wit)), claimer(&env));
     let outcome = c
         .process(p.as_ref(), &event("evt-retry", "conformance.retry", b"{}"))
         .await
@@ -477,9 +564,9 @@ async fn template_retryable_error_rolls_back(lang: &str) {
 /// Every delivery runs in a fresh instance: a module-level counter the template bumps on each
 /// call reads 1 every time, also after a trap, so nothing of one message's run (nor of its
 /// transaction handle) reaches the next.
-async fn no_state_survives_from_one_delivery_to_the_next(lang: &str) {
-    let env = template_env("state", lang).await;
-    let (p, c) = (plugin(&template_name(lang)), claimer(&env));
+async fn no_state_survives_from_one_delivery_to_the_next(lang: &str, wit: Wit) {
+    let env = template_env("state", &format!("{lang}_{}", wit.tag())).await;
+    let (p, c) = (plugin(&conformance_name(lang, wit)), claimer(&env));
     for i in 0..3 {
         let msg = event(&format!("evt-state-{i}"), "conformance.state", b"{}");
         assert_eq!(c.process(p.as_ref(), &msg).await.outcome, Outcome::Applied);
@@ -502,17 +589,87 @@ async fn no_state_survives_from_one_delivery_to_the_next(lang: &str) {
 /// Every language's components import nothing beyond what idemhost grants; the closing
 /// table in docs/benchmark.md (the languages) lists what each gets.
 async fn component_imports_only_granted_interfaces(lang: &str) {
-    for name in [inventory_name(lang), template_name(lang)] {
+    let builds = [
+        (inventory_name(lang), "0.2.0"),
+        (template_name(lang), "0.2.0"),
+        (conformance_name(lang, Wit::V0_2), "0.2.0"),
+        (fixture_name(lang), "0.1.0"),
+    ];
+    for (name, version) in builds {
         let info = plugin(&name).load_info().clone();
         let filesystem_or_sockets = info
             .wasi_imports
             .iter()
             .any(|i| i.contains("filesystem") || i.contains("sockets") || i.contains("http"));
         assert!(!filesystem_or_sockets, "{name}: {:?}", info.wasi_imports);
-        assert_eq!(info.world, "idemhost:consumer@0.1.0", "{name}");
+        assert_eq!(info.world, format!("idemhost:consumer@{version}"), "{name}");
         println!(
             "{name}: {} bytes, wasi imports: {:?}",
             info.size, info.wasi_imports
         );
     }
+}
+
+/// A unique violation reaches a 0.2.0 plugin as a typed error (its kind, SQLSTATE and
+/// constraint), which the conformance handler turns into a terminal failure: dead-lettered, not
+/// redelivered, nothing committed.
+async fn a_unique_violation_arrives_typed_and_the_plugin_makes_it_terminal(lang: &str) {
+    let env = template_env("unique", lang).await;
+    let (p, c) = (plugin(&conformance_name(lang, Wit::V0_2)), claimer(&env));
+    let outcome = c
+        .process(
+            p.as_ref(),
+            &event("evt-unique", "conformance.unique", b"{}"),
+        )
+        .await
+        .outcome;
+    assert_eq!(
+        outcome,
+        Outcome::TerminalFailure("duplicate: 23505 conformance_unique_pkey".into()),
+        "{lang}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM conformance_unique").await,
+        0
+    );
+    assert_eq!(env.markers(CONSUMER).await, 0);
+    env.cleanup().await;
+}
+
+/// The template reads `max_note_bytes` from the consumer's `[consumer.config]`: a note longer
+/// than the configured limit is terminal, one within it applies; without the key the
+/// template's default (10,000 bytes) holds.
+async fn the_template_reads_its_limit_from_the_consumer_config(lang: &str) {
+    let env = template_env("config", lang).await;
+    let limits = PluginLimits {
+        timeout: HANDLER_TIMEOUT,
+        memory: 64 << 20,
+    };
+    let load = || {
+        runtime()
+            .load(&plugin_path(&template_name(lang)), limits)
+            .unwrap()
+    };
+    let config = [("max_note_bytes".to_string(), "5".to_string())];
+    let limited = load().with_config(Arc::new(config.into_iter().collect()));
+    let c = claimer(&env);
+    let long = event(
+        "evt-long",
+        "NoteAdded",
+        br#"{"noteId":"n-1","text":"longer than five"}"#,
+    );
+    assert_terminal(
+        &c.process(&limited, &long).await.outcome,
+        "a note's text must be 1 to 5 bytes",
+    );
+    let short = event(
+        "evt-short",
+        "NoteAdded",
+        br#"{"noteId":"n-2","text":"short"}"#,
+    );
+    assert_eq!(c.process(&limited, &short).await.outcome, Outcome::Applied);
+    // The same component without the key: its default.
+    assert_eq!(c.process(&load(), &long).await.outcome, Outcome::Applied);
+    assert_eq!(env.scalar("SELECT count(*) FROM note").await, 2);
+    env.cleanup().await;
 }

@@ -177,9 +177,15 @@ async fn plugin_test_rehearses_each_outcome_of_the_inventory_plugins_and_leaves_
         assert_untouched(&env, plugin).await;
     }
 
-    // Traps: the inventory plugins have no input that traps; the templates' `conformance.trap`
-    // (a panic, an uncaught exception, `__builtin_trap()`) does, in the same four languages.
-    for template in ["template-rust", "template-py", "template-js", "template-c"] {
+    // Traps: the inventory plugins have no input that traps; the conformance plugins'
+    // `conformance.trap` (a panic, an uncaught exception, `__builtin_trap()`) does, in the same
+    // four languages.
+    for template in [
+        "conformance-rust",
+        "conformance-py",
+        "conformance-js",
+        "conformance-c",
+    ] {
         let config = write_config(&dir, &env, template, &plugin_path(template), "");
         let (code, r) = plugin_test(
             &plugin_path(template),
@@ -614,12 +620,12 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// `idemhost plugin test` of the Rust template without `--config`, on `schema`, asking the
+/// `idemhost plugin test` of the Rust conformance plugin without `--config`, on `schema`, asking the
 /// plugin to fail retryably (exit status 4), with `extra` arguments.
 fn template_retry_without_config(schema: &str, extra: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(["plugin", "test"])
-        .arg(plugin_path("template-rust"))
+        .arg(plugin_path("conformance-rust"))
         .args([
             "--payload",
             "/dev/null",
@@ -649,7 +655,7 @@ async fn plugin_test_without_a_config_runs_as_a_consumer_named_after_the_file() 
             r["outcome"].as_str(),
             r["consumer"].as_str()
         ),
-        (Some(4), Some("retryable"), Some("template-rust")),
+        (Some(4), Some("retryable"), Some("conformance-rust")),
         "{r:#}"
     );
     assert_eq!(r["reason"], "conformance: retry requested", "{r:#}");
@@ -820,7 +826,7 @@ async fn plugin_test_takes_back_its_own_setup_unless_asked() {
     let run = template_retry_without_config;
     let role_of = |schema: &str| {
         let text = format!(
-            "[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n[[consumer]]\nname = \"template-rust\"\n\
+            "[postgres]\nurl = \"{PG_URL}\"\nschema = \"{schema}\"\n[[consumer]]\nname = \"conformance-rust\"\n\
              stream = \"S\"\nplugin = \"x.wasm\"\n"
         );
         let config = parse_config(&text);

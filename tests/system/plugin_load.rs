@@ -67,7 +67,10 @@ fn filesystem_import_is_refused_by_name() {
 fn component_without_the_handling_export_is_refused() {
     let err = refuse("(component)");
     assert!(
-        err.contains("does not export `idemhost:consumer/handling@0.1.x` (it exports: nothing)"),
+        err.contains(
+            "does not export `idemhost:consumer/handling@0.1.x` or \
+             `idemhost:consumer/handling@0.2.x` (it exports: nothing)"
+        ),
         "{err}"
     );
 }
@@ -75,9 +78,20 @@ fn component_without_the_handling_export_is_refused() {
 /// An idemhost interface of another version line is refused with the version this host speaks.
 #[test]
 fn other_idemhost_version_is_refused() {
-    let err = refuse(r#"(component (import "idemhost:consumer/database@0.2.0" (instance)))"#);
+    let err = refuse(r#"(component (import "idemhost:consumer/database@0.3.0" (instance)))"#);
     assert!(
-        err.contains("this host speaks idemhost:consumer@0.1.x"),
+        err.contains("this host speaks idemhost:consumer@0.1.x and 0.2.x"),
+        "{err}"
+    );
+    // 0.1.0 has no `config`: a component of the 0.1 line importing it is refused by name.
+    let err = refuse(
+        r#"(component
+             (import "idemhost:consumer/config@0.1.0" (instance))
+             (instance $h)
+             (export "idemhost:consumer/handling@0.1.0" (instance $h)))"#,
+    );
+    assert!(
+        err.contains("which idemhost:consumer@0.1.0 does not have"),
         "{err}"
     );
 }

@@ -4,12 +4,12 @@
 //! (or `scripts/build-plugins.sh`). The host has already claimed the message's marker in the
 //! transaction it lends us; all we do is the business mutation, in that same transaction.
 
-wit_bindgen::generate!({ path: "../../wit", world: "handler" });
+wit_bindgen::generate!({ path: "../../wit/0.2.0", world: "handler" });
 
 use exports::idemhost::consumer::handling::Guest;
 use idemhost::consumer::database::Transaction;
 use idemhost::consumer::logging::log;
-use idemhost::consumer::types::{HandlerError, Message, SqlValue};
+use idemhost::consumer::types::{DbError, HandlerError, Message, SqlValue};
 
 /// The event as the producer publishes it (`{"id", "orderId", "sku", "quantity"}`).
 #[derive(serde::Deserialize)]
@@ -44,7 +44,7 @@ impl Guest for Inventory {
                 RESERVE,
                 &[SqlValue::Int(event.quantity), SqlValue::Text(event.sku)],
             )
-            .map_err(HandlerError::Retryable)?;
+            .map_err(db_error)?;
         if changed != 1 {
             return Err(HandlerError::Terminal(format!(
                 "Unknown SKU or insufficient inventory for {}",
@@ -60,3 +60,13 @@ impl Guest for Inventory {
 }
 
 export!(Inventory);
+
+/// A failed statement already poisoned the host's transaction, and the host classifies its
+/// SQLSTATE (a data error dead-letters the message, a serialization failure runs it again):
+/// passed on as retryable, in the words PostgreSQL used.
+fn db_error(e: DbError) -> HandlerError {
+    HandlerError::Retryable(match e.sqlstate {
+        Some(code) => format!("{code}: {}", e.message),
+        None => e.message,
+    })
+}

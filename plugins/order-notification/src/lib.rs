@@ -2,11 +2,11 @@
 //! notification — once per order, whatever the message ids (`notification.order_id` is the
 //! primary key: a second authorization event of one order changes nothing).
 
-wit_bindgen::generate!({ path: "../../wit", world: "handler" });
+wit_bindgen::generate!({ path: "../../wit/0.2.0", world: "handler" });
 
 use exports::idemhost::consumer::handling::Guest;
 use idemhost::consumer::database::Transaction;
-use idemhost::consumer::types::{HandlerError, Message, SqlValue};
+use idemhost::consumer::types::{DbError, HandlerError, Message, SqlValue};
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -38,9 +38,19 @@ impl Guest for Notification {
                 SqlValue::Text(text),
             ],
         )
-        .map_err(HandlerError::Retryable)?;
+        .map_err(db_error)?;
         Ok(())
     }
 }
 
 export!(Notification);
+
+/// A failed statement already poisoned the host's transaction, and the host classifies its
+/// SQLSTATE (a data error dead-letters the message, a serialization failure runs it again):
+/// passed on as retryable, in the words PostgreSQL used.
+fn db_error(e: DbError) -> HandlerError {
+    HandlerError::Retryable(match e.sqlstate {
+        Some(code) => format!("{code}: {}", e.message),
+        None => e.message,
+    })
+}

@@ -12,12 +12,12 @@
 //! cancelled (`order_state`); the `OrderPlaced` that follows is then refused as a no-op (nothing
 //! reserved, nothing published). A cancellation after the placement releases the stock.
 
-wit_bindgen::generate!({ path: "../../wit", world: "handler" });
+wit_bindgen::generate!({ path: "../../wit/0.2.0", world: "handler" });
 
 use exports::idemhost::consumer::handling::Guest;
 use idemhost::consumer::database::Transaction;
 use idemhost::consumer::logging::log;
-use idemhost::consumer::types::{HandlerError, Message, SqlValue};
+use idemhost::consumer::types::{DbError, HandlerError, Message, SqlValue};
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -40,9 +40,8 @@ fn text(s: &str) -> SqlValue {
     SqlValue::Text(s.to_string())
 }
 
-fn db<T>(r: Result<T, String>) -> Result<T, HandlerError> {
-    // A failed statement already poisoned the host's transaction; the host classifies it.
-    r.map_err(HandlerError::Retryable)
+fn db<T>(r: Result<T, DbError>) -> Result<T, HandlerError> {
+    r.map_err(db_error)
 }
 
 /// `<prefix>.orders.placed` → `<prefix>.`
@@ -120,7 +119,7 @@ fn placed(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
         "InventoryReserved".to_string(),
     )];
     tx.publish(&subject, &headers, event.to_string().as_bytes())
-        .map_err(HandlerError::Retryable)
+        .map_err(db_error)
 }
 
 fn cancelled(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
@@ -180,3 +179,13 @@ impl Guest for Reservation {
 }
 
 export!(Reservation);
+
+/// A failed statement already poisoned the host's transaction, and the host classifies its
+/// SQLSTATE (a data error dead-letters the message, a serialization failure runs it again):
+/// passed on as retryable, in the words PostgreSQL used.
+fn db_error(e: DbError) -> HandlerError {
+    HandlerError::Retryable(match e.sqlstate {
+        Some(code) => format!("{code}: {}", e.message),
+        None => e.message,
+    })
+}

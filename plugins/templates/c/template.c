@@ -1,13 +1,13 @@
 // An idemhost handler in C: a starting point to copy.
 //
-// Build: `scripts/build-plugins.sh` builds it into plugins/dist/template-c.wasm; the commands it
-// runs (clang for wasm32-wasi against plugins/c-bindings, then `wasm-tools component new`) are in
-// plugins/templates/README.md.
+// Build: `idemhost plugin build` in a project `idemhost plugin new --lang c` made; in this
+// repository `scripts/build-plugins.sh` builds it into plugins/dist/template-c.wasm (the
+// commands are in plugins/templates/README.md).
 //
 // `NoteAdded` ({"noteId": str, "text": str}) records the note once. The host has already claimed
 // the message's marker in the transaction it lends us (`tx`); every write goes through `tx`, so
-// the note and the marker commit together or not at all. The `conformance.*` event types exist
-// for the host's conformance suite (tests/conformance.rs); delete them in your own handler.
+// the note and the marker commit together or not at all. `max_note_bytes` comes from the
+// consumer's `[consumer.config]` table.
 //
 // Ownership, as the canonical ABI hands it to us: the message is ours to free; the borrowed
 // transaction must be dropped before returning; an error string we return is freed by the
@@ -25,6 +25,7 @@ typedef idemhost_consumer_types_message_t message_t;
 typedef exports_idemhost_consumer_handling_handler_error_t handler_error_t;
 typedef idemhost_consumer_database_sql_value_t sql_value_t;
 typedef idemhost_consumer_database_list_sql_value_t sql_params_t;
+typedef idemhost_consumer_types_db_error_t db_error_t;
 
 // Terminal: roll back and dead-letter, retrying cannot help (bad input, a business rule).
 static bool terminal(handler_error_t *err, const char *reason) {
@@ -50,16 +51,54 @@ static sql_value_t text_value(const char *s, size_t len) {
   return (sql_value_t){.tag = IDEMHOST_CONSUMER_TYPES_SQL_VALUE_TEXT, .val.text = {(uint8_t *)s, len}};
 }
 
-// Runs a statement; on a database error fills `err` (retryable) and returns false.
+// What a failed database call means for the message (takes `e`). The host has already marked
+// the transaction for rollback (and runs it again after a serialization failure or a deadlock,
+// whatever we answer); we decide: the data itself refused (a constraint, a bad value) is
+// terminal, redelivering cannot help; anything else (a timeout, a missing table, a refusal) is
+// retryable.
+static bool db_error(handler_error_t *err, db_error_t *e) {
+  char buf[1200];
+  text_t reason = text_on(buf, sizeof buf);
+  text_addn(&reason, (const char *)e->message.ptr, e->message.len);
+  bool data = e->kind <= IDEMHOST_CONSUMER_TYPES_DB_ERROR_KIND_INVALID_VALUE;
+  if (data) {
+    text_add(&reason, " (");
+    if (e->constraint.is_some)
+      text_addn(&reason, (const char *)e->constraint.val.ptr, e->constraint.val.len);
+    else
+      text_add(&reason, "no constraint");
+    text_add(&reason, ")");
+  }
+  idemhost_consumer_types_db_error_free(e);
+  if (data) return terminal(err, reason.buf);
+  handler_string_t r;
+  handler_string_dup(&r, reason.buf);
+  return retryable(err, r);
+}
+
+// Runs a statement; on a database error fills `err` (see db_error) and returns false.
 static bool execute(tx_t tx, const char *sql, sql_value_t *params, size_t n, uint64_t *changed,
                     handler_error_t *err) {
-  handler_string_t s = {(uint8_t *)sql, strlen(sql)}, db_err;
+  handler_string_t s = {(uint8_t *)sql, strlen(sql)};
   sql_params_t list = {params, n};
-  if (idemhost_consumer_database_method_transaction_execute(tx, &s, &list, changed, &db_err))
+  db_error_t e;
+  if (idemhost_consumer_database_method_transaction_execute(tx, &s, &list, changed, &e))
     return true;
-  // A database error: the host has already marked the transaction for rollback and classifies
-  // the SQLSTATE itself; we pass the text along.
-  return retryable(err, db_err);
+  return db_error(err, &e);
+}
+
+// `key` of the consumer's `[consumer.config]` as a count, or `fallback` when it has none.
+static uint64_t config_count(const char *key, uint64_t fallback) {
+  handler_string_t k = {(uint8_t *)key, strlen(key)}, v;
+  if (!idemhost_consumer_config_get(&k, &v)) return fallback;
+  uint64_t n = 0;
+  bool digits = v.len > 0 && v.len < 19;
+  for (size_t i = 0; digits && i < v.len; i++) {
+    digits = v.ptr[i] >= '0' && v.ptr[i] <= '9';
+    n = n * 10 + (v.ptr[i] - '0');
+  }
+  handler_string_free(&v);
+  return digits ? n : fallback;
 }
 
 static bool note_added(tx_t tx, const message_t *msg, handler_error_t *err) {
@@ -74,6 +113,13 @@ static bool note_added(tx_t tx, const message_t *msg, handler_error_t *err) {
   }
   if (f[1].str_len == 0) {
     ok = terminal(err, "noteId and a non-empty text are required");
+    goto out;
+  }
+  uint64_t max_bytes = config_count("max_note_bytes", 10000);
+  if (f[1].str_len > max_bytes) {
+    text_add(&line, "a note's text must be 1 to ");
+    text_add_i64(&line, (int64_t)max_bytes);
+    ok = terminal(err, text_add(&line, " bytes")->buf);
     goto out;
   }
   // A business key can arrive under two message ids: ON CONFLICT DO NOTHING keeps the
@@ -92,12 +138,13 @@ static bool note_added(tx_t tx, const message_t *msg, handler_error_t *err) {
     ok = true;
     goto out;
   }
-  handler_string_t count_sql, db_err;
+  handler_string_t count_sql;
   handler_string_set(&count_sql, "SELECT count(*) FROM note");
   sql_params_t none = {NULL, 0};
   idemhost_consumer_database_list_list_sql_value_t rows;
-  if (!idemhost_consumer_database_method_transaction_query(tx, &count_sql, &none, &rows, &db_err)) {
-    ok = retryable(err, db_err);
+  db_error_t e;
+  if (!idemhost_consumer_database_method_transaction_query(tx, &count_sql, &none, &rows, &e)) {
+    ok = db_error(err, &e);
     goto out;
   }
   if (rows.len == 1 && rows.ptr[0].len == 1 && rows.ptr[0].ptr[0].tag == IDEMHOST_CONSUMER_TYPES_SQL_VALUE_INT) {
@@ -111,60 +158,13 @@ out:
   return ok;
 }
 
-// Module state lives as long as the instance, and every delivery gets a fresh instance: the
-// `conformance.state` case records this counter to prove it is 1 every time.
-static int64_t calls;
-
-static bool conformance(tx_t tx, const message_t *msg, const char *kase, size_t len,
-                        handler_error_t *err) {
-#define IS(name) (len == sizeof(name) - 1 && memcmp(kase, name, len) == 0)
-  calls++;
-  if (IS("state")) {
-    sql_value_t params[2] = {text_value((const char *)msg->id.ptr, msg->id.len),
-                             {.tag = IDEMHOST_CONSUMER_TYPES_SQL_VALUE_INT, .val.int_ = calls}};
-    uint64_t changed;
-    return execute(tx, "INSERT INTO conformance_state (message_id, calls) VALUES ($1, $2)",
-                   params, 2, &changed, err);
-  }
-  if (IS("refused-sql")) {
-    handler_string_t sql, refusal;
-    handler_string_set(&sql, "DELETE FROM processed_message");
-    sql_params_t none = {NULL, 0};
-    uint64_t changed;
-    if (idemhost_consumer_database_method_transaction_execute(tx, &sql, &none, &changed, &refusal))
-      return terminal(err, "the host accepted a statement on processed_message");
-    sql_value_t params[2] = {text_value((const char *)msg->id.ptr, msg->id.len),
-                             text_value((const char *)refusal.ptr, refusal.len)};
-    bool ok = execute(tx, "INSERT INTO conformance_refusal (message_id, error) VALUES ($1, $2)",
-                      params, 2, &changed, err);
-    handler_string_free(&refusal);
-    return ok;
-  }
-  if (IS("trap")) __builtin_trap();
-  if (IS("busy-loop")) {
-    for (volatile int spin = 0;; spin++) {
-    }
-  }
-  if (IS("retry")) {
-    handler_string_t reason;
-    handler_string_dup(&reason, "conformance: retry requested");
-    return retryable(err, reason);
-  }
-  return terminal(err, "unknown conformance case");
-#undef IS
-}
-
 bool exports_idemhost_consumer_handling_handle(exports_idemhost_consumer_handling_borrow_transaction_t tx,
                                                exports_idemhost_consumer_handling_message_t *msg,
                                                handler_error_t *err) {
-  static const char PREFIX[] = "conformance.";
-  const size_t plen = sizeof PREFIX - 1;
   handler_string_t type = msg->event_type.is_some ? msg->event_type.val : (handler_string_t){0};
   bool ok;
   if (type.len == 9 && memcmp(type.ptr, "NoteAdded", 9) == 0) {
     ok = note_added(tx, msg, err);
-  } else if (type.len > plen && memcmp(type.ptr, PREFIX, plen) == 0) {
-    ok = conformance(tx, msg, (const char *)type.ptr + plen, type.len - plen, err);
   } else {
     char buf[300];
     text_t reason = text_on(buf, sizeof buf);

@@ -1,22 +1,23 @@
 // An idemhost handler in JavaScript: a starting point to copy.
 //
-// Build: `scripts/build-plugins.sh` builds it into plugins/dist/template-js.wasm; on your own:
-// `npx componentize-js template.js --wit wit --world-name handler -d stdio random clocks http fetch-event -o handler.wasm`.
+// Build: `idemhost plugin build` in a project `idemhost plugin new --lang js` made; in this
+// repository `scripts/build-plugins.sh` builds it into plugins/dist/template-js.wasm.
 //
 // `NoteAdded` ({"noteId": string, "text": string}) records the note once. The host has already
 // claimed the message's marker in the transaction it lends us (`tx`); every write goes through
-// `tx`, so the note and the marker commit together or not at all. The `conformance.*` event types
-// exist for the host's conformance suite (tests/conformance.rs); delete them in your own
-// handler.
+// `tx`, so the note and the marker commit together or not at all. `max_note_bytes` comes from
+// the consumer's `[consumer.config]` table.
 
-import { log } from 'idemhost:consumer/logging@0.1.0';
+import { get as configValue } from 'idemhost:consumer/config@0.2.0';
+import { log } from 'idemhost:consumer/logging@0.2.0';
 
 // The world's types, for an editor and `tsc -p jsconfig.json` (declarations in types/, which
 // `idemhost plugin build` keeps current); JSDoc only, nothing changes at run time.
-/** @typedef {import('idemhost:consumer/database@0.1.0').Transaction} Transaction */
-/** @typedef {import('idemhost:consumer/types@0.1.0').Message} Message */
-/** @typedef {import('idemhost:consumer/types@0.1.0').HandlerError} HandlerError */
-/** @typedef {import('idemhost:consumer/types@0.1.0').SqlValue} SqlValue */
+/** @typedef {import('idemhost:consumer/database@0.2.0').Transaction} Transaction */
+/** @typedef {import('idemhost:consumer/types@0.2.0').Message} Message */
+/** @typedef {import('idemhost:consumer/types@0.2.0').HandlerError} HandlerError */
+/** @typedef {import('idemhost:consumer/types@0.2.0').SqlValue} SqlValue */
+/** @typedef {import('idemhost:consumer/types@0.2.0').DbError} DbError */
 
 // Roll back and dead-letter: retrying cannot help (bad input, a broken business rule).
 /** @type {(reason: string) => HandlerError} */
@@ -27,10 +28,28 @@ const retryable = (reason) => ({ tag: 'retryable', val: reason });
 /** @type {(val: string) => SqlValue} */
 const text = (val) => ({ tag: 'text', val });
 
-// A database error arrives as a thrown value carrying the error string.
-/** @param {unknown} e */
-const errorText = (e) =>
-  typeof e === 'string' ? e : typeof e === 'object' && e !== null && 'payload' in e && typeof e.payload === 'string' ? e.payload : String(e);
+// Database errors that mean the data itself is refused: redelivering cannot help.
+const DATA_ERRORS = new Set([
+  'unique-violation',
+  'foreign-key-violation',
+  'check-violation',
+  'not-null-violation',
+  'integrity-violation',
+  'invalid-value',
+]);
+
+// What a failed database call means for the message. It arrives as a thrown value whose
+// `payload` is the db-error. The host has already marked the transaction for rollback (and runs
+// it again after a serialization failure or a deadlock, whatever we answer); we decide between
+// dead-lettering and redelivering.
+/** @type {(e: unknown) => HandlerError} */
+function dbError(e) {
+  /** @type {DbError | undefined} */
+  const err = typeof e === 'object' && e !== null && 'payload' in e ? /** @type {any} */ (e).payload : undefined;
+  if (err === undefined) return retryable(String(e));
+  if (DATA_ERRORS.has(err.kind)) return terminal(`${err.message} (${err.constraint ?? 'no constraint'})`);
+  return retryable(err.message);
+}
 
 /**
  * @param {Transaction} tx
@@ -47,6 +66,11 @@ function noteAdded(tx, msg) {
   if (typeof noteId !== 'string' || typeof body !== 'string' || body === '') {
     throw terminal('noteId and a non-empty text are required');
   }
+  const limit = Number.parseInt(configValue('max_note_bytes') ?? '', 10);
+  const maxBytes = Number.isSafeInteger(limit) ? limit : 10000;
+  if (new TextEncoder().encode(body).length > maxBytes) {
+    throw terminal(`a note's text must be 1 to ${maxBytes} bytes`);
+  }
   let inserted, rows;
   try {
     // A business key can arrive under two message ids: ON CONFLICT DO NOTHING keeps the
@@ -61,54 +85,10 @@ function noteAdded(tx, msg) {
     }
     rows = tx.query('SELECT count(*) FROM note', []);
   } catch (e) {
-    // A database error: the host has already marked the transaction for rollback and
-    // classifies the SQLSTATE itself; we pass the text along.
-    throw retryable(errorText(e));
+    throw dbError(e);
   }
   const count = rows[0]?.[0];
   log('info', `note ${noteId} recorded; ${count && 'val' in count ? count.val : '?'} notes`);
-}
-
-// Module state lives as long as the instance, and every delivery gets a fresh instance: the
-// `conformance.state` case records this counter to prove it is 1 every time.
-let calls = 0;
-
-/**
- * @param {Transaction} tx
- * @param {Message} msg
- * @param {string} kase
- */
-function conformance(tx, msg, kase) {
-  calls += 1;
-  switch (kase) {
-    case 'state':
-      tx.execute('INSERT INTO conformance_state (message_id, calls) VALUES ($1, $2)', [text(msg.id), { tag: 'int', val: BigInt(calls) }]);
-      return;
-    case 'refused-sql': {
-      let refusal;
-      try {
-        tx.execute('DELETE FROM processed_message', []);
-      } catch (e) {
-        refusal = errorText(e);
-      }
-      if (refusal === undefined) throw terminal('the host accepted a statement on processed_message');
-      // The refusal already fails the attempt; this write only shows it is not committed.
-      try {
-        tx.execute('INSERT INTO conformance_refusal (message_id, error) VALUES ($1, $2)', [text(msg.id), text(refusal)]);
-      } catch (e) {
-        throw retryable(errorText(e));
-      }
-      return;
-    }
-    case 'trap':
-      throw new Error('conformance: trap requested'); // not a handler-error: the component traps
-    case 'busy-loop':
-      for (;;) {}
-    case 'retry':
-      throw retryable('conformance: retry requested');
-    default:
-      throw terminal(`unknown conformance case ${kase}`);
-  }
 }
 
 export const handling = {
@@ -119,7 +99,6 @@ export const handling = {
   handle(tx, msg) {
     const eventType = msg.eventType ?? '';
     if (eventType === 'NoteAdded') return noteAdded(tx, msg);
-    if (eventType.startsWith('conformance.')) return conformance(tx, msg, eventType.slice('conformance.'.length));
     throw terminal(`unknown event type ${JSON.stringify(eventType)}`);
   },
 };

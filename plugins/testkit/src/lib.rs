@@ -8,9 +8,16 @@
 //! "terminal", "reason": TEXT}`, `{"fail_before_attempt": N}` (retryable while the delivery
 //! attempt is below N), `"trap"`, `"loop"`, `{"alloc_mib": N}`, `{"log": TEXT, "times": N}`,
 //! `{"publish": SUBJECT, "payload": TEXT, "headers": [[NAME, VALUE], ...]}` (through the outbox).
-//! Params are JSON: null, bool, integer, float or string.
+//! Params are JSON: null, bool, integer, float or string; built with the `wit-0-2` feature
+//! (against idemhost:consumer@0.2.0) also `{"numeric": TEXT}`, `{"uuid": TEXT}`,
+//! `{"timestamp": N}`, `{"date": N}`, `{"text_array": [TEXT|null, ...]}`,
+//! `{"int_array": [N|null, ...]}`, and made in the plugin at any size: `{"text_array_of": N}`
+//! (N empty texts), `{"int_array_of": N}` and `{"numeric_digits": N}` (N nines).
 
+#[cfg(not(feature = "wit-0-2"))]
 wit_bindgen::generate!({ path: "../../wit", world: "handler" });
+#[cfg(feature = "wit-0-2")]
+wit_bindgen::generate!({ path: "../../wit/0.2.0", world: "handler" });
 
 use exports::idemhost::consumer::handling::Guest;
 use idemhost::consumer::database::Transaction;
@@ -20,7 +27,62 @@ use serde_json::Value;
 
 struct Testkit;
 
+/// A database call's error as text: 0.1.0's string, or 0.2.0's error as `SQLSTATE: message`.
+#[cfg(not(feature = "wit-0-2"))]
+fn text<T>(r: Result<T, String>) -> Result<T, String> {
+    r
+}
+
+#[cfg(feature = "wit-0-2")]
+fn text<T>(r: Result<T, idemhost::consumer::types::DbError>) -> Result<T, String> {
+    r.map_err(|e| match e.sqlstate {
+        Some(code) => format!("{code}: {}", e.message),
+        None => e.message,
+    })
+}
+
+/// A parameter of a 0.2.0 case, written `{"numeric": "1.5"}` and so on.
+#[cfg(feature = "wit-0-2")]
+fn rich(key: &str, v: &Value) -> Option<SqlValue> {
+    use idemhost::consumer::types::SqlArray;
+    let texts = |v: &Value| -> Option<Vec<Option<String>>> {
+        Some(v.as_array()?.iter().map(|e| e.as_str().map(str::to_string)).collect())
+    };
+    Some(match key {
+        "numeric" => SqlValue::Numeric(v.as_str()?.to_string()),
+        "uuid" => SqlValue::Uuid(v.as_str()?.to_string()),
+        "timestamp" => SqlValue::Timestamp(v.as_i64()?),
+        "date" => SqlValue::Date(i32::try_from(v.as_i64()?).ok()?),
+        "text_array" => SqlValue::Array(SqlArray::Text(texts(v)?)),
+        "int_array" => SqlValue::Array(SqlArray::Int(
+            v.as_array()?.iter().map(Value::as_i64).collect(),
+        )),
+        // Made here, at sizes a message could not carry.
+        "text_array_of" => SqlValue::Array(SqlArray::Text(vec![
+            Some(String::new());
+            usize::try_from(v.as_u64()?).ok()?
+        ])),
+        "int_array_of" => {
+            SqlValue::Array(SqlArray::Int(vec![Some(1); usize::try_from(v.as_u64()?).ok()?]))
+        }
+        "numeric_digits" => SqlValue::Numeric("9".repeat(usize::try_from(v.as_u64()?).ok()?)),
+        _ => return None,
+    })
+}
+
+#[cfg(not(feature = "wit-0-2"))]
+fn rich(_key: &str, _v: &Value) -> Option<SqlValue> {
+    None
+}
+
 fn param(v: &Value) -> SqlValue {
+    if let Some(obj) = v.as_object()
+        && obj.len() == 1
+        && let Some((key, inner)) = obj.iter().next()
+        && let Some(value) = rich(key, inner)
+    {
+        return value;
+    }
     match v {
         Value::Null => SqlValue::Null,
         Value::Bool(b) => SqlValue::Boolean(*b),
@@ -57,14 +119,13 @@ impl Guest for Testkit {
         let mut hoard: Vec<Vec<u8>> = Vec::new();
         for step in &steps {
             let result = if let Some(sql) = step.get("execute").and_then(Value::as_str) {
-                tx.execute(sql, &params(step)).map(|_| ())
+                text(tx.execute(sql, &params(step))).map(|_| ())
             } else if let Some(sql) = step.get("query").and_then(Value::as_str) {
-                tx.query(sql, &params(step)).map(|_| ())
+                text(tx.query(sql, &params(step))).map(|_| ())
             } else if let Some(table) = step.get("record_errors").and_then(Value::as_str) {
                 for e in errors.drain(..) {
                     let sql = format!("INSERT INTO {table} (error) VALUES ($1)");
-                    tx.execute(&sql, &[SqlValue::Text(e)])
-                        .map_err(HandlerError::Retryable)?;
+                    text(tx.execute(&sql, &[SqlValue::Text(e)])).map_err(HandlerError::Retryable)?;
                 }
                 Ok(())
             } else if let Some(kind) = step.get("fail").and_then(Value::as_str) {
@@ -105,7 +166,7 @@ impl Guest for Testkit {
                             .collect()
                     })
                     .unwrap_or_default();
-                tx.publish(subject, &headers, payload.as_bytes())
+                text(tx.publish(subject, &headers, payload.as_bytes()))
             } else if let Some(text) = step.get("log").and_then(Value::as_str) {
                 let times = step.get("times").and_then(Value::as_u64).unwrap_or(1);
                 for _ in 0..times {

@@ -1,26 +1,48 @@
 //! An idemhost handler in Rust: a starting point to copy.
 //!
-//! Build: `scripts/build-plugins.sh` builds it into plugins/dist/template-rust.wasm; on your own:
-//! `cargo build --release --target wasm32-wasip2` with this crate as a `cdylib`.
+//! Build: `idemhost plugin build` in a project `idemhost plugin new --lang rust` made; in this
+//! repository `scripts/build-plugins.sh` builds it into plugins/dist/template-rust.wasm.
 //!
 //! `NoteAdded` (`{"noteId": str, "text": str}`) records the note once. The host has already
 //! claimed the message's marker in the transaction it lends us (`tx`); every write goes through
-//! `tx`, so the note and the marker commit together or not at all. The `conformance.*` event
-//! types exist for the host's conformance suite (tests/system/conformance.rs); delete them in your
-//! own handler.
+//! `tx`, so the note and the marker commit together or not at all. `max_note_bytes` comes from
+//! the consumer's `[consumer.config]` table.
 
-wit_bindgen::generate!({ path: "../../../wit", world: "handler" });
+wit_bindgen::generate!({ path: "../../../wit/0.2.0", world: "handler" });
 
 use exports::idemhost::consumer::handling::Guest;
+use idemhost::consumer::config;
 use idemhost::consumer::database::Transaction;
 use idemhost::consumer::logging::log;
-use idemhost::consumer::types::{HandlerError, Message, SqlValue};
+use idemhost::consumer::types::{DbError, DbErrorKind, HandlerError, Message, SqlValue};
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NoteAdded {
     note_id: String,
     text: String,
+}
+
+/// What a failed database call means for the message. The host has already marked the
+/// transaction for rollback (and runs it again after a serialization failure or a deadlock,
+/// whatever we answer); we decide between dead-lettering and redelivering.
+fn db_error(e: DbError) -> HandlerError {
+    match e.kind {
+        // The data itself is refused: redelivering the same message cannot help.
+        DbErrorKind::UniqueViolation
+        | DbErrorKind::ForeignKeyViolation
+        | DbErrorKind::CheckViolation
+        | DbErrorKind::NotNullViolation
+        | DbErrorKind::IntegrityViolation
+        | DbErrorKind::InvalidValue => HandlerError::Terminal(format!(
+            "{} ({})",
+            e.message,
+            e.constraint.as_deref().unwrap_or("no constraint")
+        )),
+        // A timeout, a missing table, a refused statement: a later attempt (or a fixed plugin)
+        // may succeed.
+        _ => HandlerError::Retryable(e.message),
+    }
 }
 
 fn note_added(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
@@ -32,10 +54,16 @@ fn note_added(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
             "noteId and a non-empty text are required".into(),
         ));
     }
+    let max_bytes = config::get("max_note_bytes")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(10_000);
+    if event.text.len() > max_bytes {
+        return Err(HandlerError::Terminal(format!(
+            "a note's text must be 1 to {max_bytes} bytes"
+        )));
+    }
     // A business key can arrive under two message ids: ON CONFLICT DO NOTHING keeps the
     // transaction healthy (a unique violation would abort it) and the count tells us.
-    // A database error: the host has already marked the transaction for rollback and classifies
-    // the SQLSTATE itself, so we pass its text along as retryable.
     let inserted = tx
         .execute(
             "INSERT INTO note (note_id, body, message_id) VALUES ($1, $2, $3) \
@@ -46,14 +74,14 @@ fn note_added(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
                 SqlValue::Text(msg.id.clone()),
             ],
         )
-        .map_err(HandlerError::Retryable)?;
+        .map_err(db_error)?;
     if inserted == 0 {
         log("info", &format!("note {} already recorded", event.note_id));
         return Ok(());
     }
     let rows = tx
         .query("SELECT count(*) FROM note", &[])
-        .map_err(HandlerError::Retryable)?;
+        .map_err(db_error)?;
     if let Some(SqlValue::Int(count)) = rows.first().and_then(|r| r.first()) {
         log(
             "info",
@@ -63,52 +91,12 @@ fn note_added(tx: &Transaction, msg: &Message) -> Result<(), HandlerError> {
     Ok(())
 }
 
-/// Module state lives as long as the instance, and every delivery gets a fresh instance: the
-/// `conformance.state` case records this counter to prove it is 1 every time.
-static CALLS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
-
-fn conformance(tx: &Transaction, msg: &Message, case: &str) -> Result<(), HandlerError> {
-    let calls = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-    match case {
-        "state" => tx
-            .execute(
-                "INSERT INTO conformance_state (message_id, calls) VALUES ($1, $2)",
-                &[SqlValue::Text(msg.id.clone()), SqlValue::Int(calls)],
-            )
-            .map(|_| ())
-            .map_err(HandlerError::Retryable),
-        "refused-sql" => match tx.execute("DELETE FROM processed_message", &[]) {
-            Ok(_) => Err(HandlerError::Terminal(
-                "the host accepted a statement on processed_message".into(),
-            )),
-            Err(refusal) => tx
-                .execute(
-                    "INSERT INTO conformance_refusal (message_id, error) VALUES ($1, $2)",
-                    &[SqlValue::Text(msg.id.clone()), SqlValue::Text(refusal)],
-                )
-                .map(|_| ())
-                .map_err(HandlerError::Retryable),
-        },
-        "trap" => panic!("conformance: trap requested"),
-        "busy-loop" => loop {
-            std::hint::black_box(());
-        },
-        "retry" => Err(HandlerError::Retryable(
-            "conformance: retry requested".into(),
-        )),
-        other => Err(HandlerError::Terminal(format!(
-            "unknown conformance case {other}"
-        ))),
-    }
-}
-
 struct Template;
 
 impl Guest for Template {
     fn handle(tx: &Transaction, msg: Message) -> Result<(), HandlerError> {
         match msg.event_type.as_deref().unwrap_or("") {
             "NoteAdded" => note_added(tx, &msg),
-            t if t.starts_with("conformance.") => conformance(tx, &msg, &t["conformance.".len()..]),
             t => Err(HandlerError::Terminal(format!("unknown event type {t:?}"))),
         }
     }
