@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use sqlx::PgPool;
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::config::{ConsumerConfig, Isolation};
 use crate::failpoint;
@@ -62,6 +62,13 @@ struct Timing {
     claim: Duration,
     handler: Option<Duration>,
 }
+
+/// `postgres.failover_wait`'s default.
+const DEFAULT_FAILOVER_WAIT: Duration = Duration::from_secs(60);
+/// How often a delivery waiting for the database asks whether it takes writes again.
+const DATABASE_PROBE_EVERY: Duration = Duration::from_millis(250);
+/// How long one such question may take.
+const DATABASE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Per-consumer settings of the transaction.
 #[derive(Debug, Clone)]
@@ -96,6 +103,10 @@ pub struct ClaimSettings {
     /// this `statement_timeout` (see `pg::wall::login_settings`): the transactions then set
     /// neither. `false`: each transaction sets both.
     pub settings_at_login: bool,
+    /// How long a delivery waits, at most, for a server that went away or stopped taking
+    /// writes, before its failure counts (`postgres.failover_wait`; see
+    /// [`Claimer::wait_for_database`]). Zero: it never waits.
+    pub failover_wait: Duration,
 }
 
 impl ClaimSettings {
@@ -113,6 +124,7 @@ impl ClaimSettings {
             keep_connections: c.max_in_flight as usize,
             group_lock_timeout: Some(c.batch_lock_timeout.0).filter(|t| !t.is_zero()),
             settings_at_login: false,
+            failover_wait: DEFAULT_FAILOVER_WAIT,
         }
     }
 
@@ -130,6 +142,7 @@ impl ClaimSettings {
             keep_connections: 0,
             group_lock_timeout: Some(crate::config::DEFAULT_BATCH_LOCK_TIMEOUT),
             settings_at_login: false,
+            failover_wait: DEFAULT_FAILOVER_WAIT,
         }
     }
 }
@@ -168,6 +181,9 @@ struct AttemptFailure {
     /// A lock wait was given up ([`pg::lock_not_available`]): in a group-commit transaction,
     /// that abandons the group like a conflict.
     lock_wait: bool,
+    /// The server was away or read-only ([`pg::server_unavailable`]): the attempt may wait for
+    /// it and run again without counting ([`Claimer::wait_for_database`]).
+    unavailable: bool,
 }
 
 impl AttemptFailure {
@@ -178,6 +194,7 @@ impl AttemptFailure {
             cause: Self::cause_of(kind),
             reason: format!("{context}: {}", pg::describe(e)),
             lock_wait: pg::lock_not_available(e),
+            unavailable: pg::server_unavailable(e),
         }
     }
 
@@ -205,6 +222,7 @@ fn judge(
             cause: Rollback::Conflict,
             reason: p.reason,
             lock_wait: p.lock_wait,
+            unavailable: p.unavailable,
         }),
         // Past the server's own limits: running it again costs the server as much again.
         (_, Some(p)) if p.past_limits => Some(AttemptFailure {
@@ -212,6 +230,7 @@ fn judge(
             cause: Rollback::Database,
             reason: p.reason,
             lock_wait: p.lock_wait,
+            unavailable: p.unavailable,
         }),
         (Err(e), poison) => {
             let (kind, cause, reason) = match e {
@@ -230,7 +249,8 @@ fn judge(
                 kind,
                 cause,
                 reason,
-                lock_wait: poison.is_some_and(|p| p.lock_wait),
+                lock_wait: poison.as_ref().is_some_and(|p| p.lock_wait),
+                unavailable: poison.is_some_and(|p| p.unavailable),
             })
         }
         (Ok(()), Some(p)) => Some(AttemptFailure {
@@ -238,6 +258,7 @@ fn judge(
             cause: AttemptFailure::cause_of(p.kind),
             reason: format!("handler returned ok after a database error: {}", p.reason),
             lock_wait: p.lock_wait,
+            unavailable: p.unavailable,
         }),
         (Ok(()), None) => None,
     }
@@ -365,6 +386,9 @@ impl Claimer {
         msg: &Message,
         mut attempt: u32,
     ) -> Processed {
+        // What is left of this delivery's wait for the database (`failover_wait`).
+        let mut wait_left = self.settings.failover_wait;
+        let mut database_waits = 0u32;
         loop {
             let started = Instant::now();
             let span = info_span!("idemhost.claim", tx_attempt = attempt);
@@ -380,9 +404,18 @@ impl Claimer {
                 tx_time: started.elapsed(),
                 handler_time: timing.handler,
                 rollback,
+                database_waits,
             };
             match result {
                 Ok(outcome) => return done(outcome, None),
+                Err(f)
+                    if f.unavailable
+                        && f.kind != FailureKind::Terminal
+                        && self.wait_for_database(&mut wait_left, &f.reason).await =>
+                {
+                    // The same attempt again: the server was away, not the message at fault.
+                    database_waits += 1;
+                }
                 Err(f) => match f.kind {
                     FailureKind::RetryTransaction if attempt < self.settings.tx_max_attempts => {
                         let delay = self.retry_delay(attempt);
@@ -406,6 +439,53 @@ impl Claimer {
                 },
             }
         }
+    }
+
+    /// After an attempt failed because the server went away or stopped taking writes: whether
+    /// the server really is unavailable now, and takes writes again within `wait_left` (which
+    /// the wait uses up). Then the attempt runs again without counting toward `max_deliver`:
+    /// a restart or a failover does not dead-letter good messages. A server that answers as a
+    /// writable primary at once says the failure was this session's alone (a connection the
+    /// host abandoned, a plugin's session ended): `false`, and the failure counts as before.
+    /// A rehearsal (`plugin test`) never waits. The delivery's in-progress acks go on
+    /// meanwhile, so the broker does not redeliver it.
+    async fn wait_for_database(&self, wait_left: &mut Duration, reason: &str) -> bool {
+        if self.rehearsal.is_some() || wait_left.is_zero() || self.database_writable().await {
+            return false;
+        }
+        let started = Instant::now();
+        let budget = *wait_left;
+        warn!(consumer = %self.settings.consumer_name, %reason, ?budget,
+            "the database is unavailable; the delivery waits for it in place (not counted as an attempt)");
+        let back = loop {
+            if started.elapsed() >= budget {
+                break false;
+            }
+            tokio::time::sleep(DATABASE_PROBE_EVERY.min(budget - started.elapsed())).await;
+            if self.database_writable().await {
+                break true;
+            }
+        };
+        *wait_left = budget.saturating_sub(started.elapsed());
+        if back {
+            info!(consumer = %self.settings.consumer_name, waited = ?started.elapsed(),
+                "the database takes writes again; the delivery runs again");
+        } else {
+            warn!(consumer = %self.settings.consumer_name, ?budget,
+                "the database stayed unavailable past postgres.failover_wait; the failure counts");
+        }
+        back
+    }
+
+    /// Whether the host's pool reaches a server that takes writes (not in recovery), within
+    /// [`DATABASE_PROBE_TIMEOUT`].
+    async fn database_writable(&self) -> bool {
+        let probe = sqlx::query_scalar::<_, bool>("SELECT pg_catalog.pg_is_in_recovery()")
+            .fetch_one(&self.host_pool);
+        matches!(
+            tokio::time::timeout(DATABASE_PROBE_TIMEOUT, probe).await,
+            Ok(Ok(false))
+        )
     }
 
     /// Full jitter: uniform in `[0, min(cap, base * 2^(attempt-1))]`.
@@ -590,6 +670,7 @@ impl Claimer {
                 |p| p.reason.clone(),
             ),
             lock_wait: false,
+            unavailable: poison.as_ref().is_some_and(|p| p.unavailable),
         })?;
         Ok((tx, judge(result, poison)))
     }
@@ -625,6 +706,7 @@ mod tests {
             reason: format!("{code}: failed"),
             lock_wait: false,
             past_limits: code.starts_with("54"),
+            unavailable: false,
         };
         let answers = || {
             [

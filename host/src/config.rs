@@ -100,6 +100,14 @@ pub struct PostgresConfig {
     /// does when not (see `pg::failover`).
     #[serde(default = "d_1s")]
     pub failover_check_interval: HumanDuration,
+    /// How long, at most, a delivery whose attempt failed because the server went away or
+    /// stopped taking writes (a restart, a failover, a lost connection) waits in place for a
+    /// server that takes writes, and then runs again **without counting an attempt** toward
+    /// `max_deliver`. The host checks first that the server is really unavailable (one that
+    /// answers as a writable primary at once means the failure was this session's: it counts).
+    /// Past it the failure counts as a retryable attempt. `0s`: every such failure counts.
+    #[serde(default = "d_60s")]
+    pub failover_wait: HumanDuration,
 }
 
 /// `[admin]`: the health, metrics and plugin endpoint.

@@ -409,6 +409,7 @@ async fn bind(
         let claimer = if native.contains_key(&c.name) {
             // The embedding program's own (trusted) code: on the host's pool.
             let mut settings = ClaimSettings::for_consumer(c);
+            settings.failover_wait = config.postgres.failover_wait.0;
             settings.keep_connections = kept_connections(
                 c.max_in_flight,
                 total_in_flight,
@@ -478,6 +479,7 @@ pub(crate) async fn plugin_claimer(
     // With partitions every partition may have a delivery running.
     let size = c.max_in_flight.max(c.partitions).max(1);
     let mut settings = ClaimSettings::for_consumer(c);
+    settings.failover_wait = postgres.failover_wait.0;
     // The durability the operator configured, and the consumer's statement timeout, carried
     // by the role's connections from their login: the transactions need not set them.
     let synchronous_commit: String =

@@ -107,6 +107,7 @@ pub struct Metrics {
     tx_retries: Family<ConsumerLabels, Counter>,
     rollbacks: Family<ReasonLabels, Counter>,
     redeliveries: Family<ConsumerLabels, Counter>,
+    database_waits: Family<ConsumerLabels, Counter>,
     dead_letters: Family<ConsumerLabels, Counter>,
     in_flight: Family<ConsumerLabels, Gauge>,
     pending: Family<ConsumerLabels, Gauge>,
@@ -147,6 +148,7 @@ impl Metrics {
             tx_retries: Family::default(),
             rollbacks: Family::default(),
             redeliveries: Family::default(),
+            database_waits: Family::default(),
             dead_letters: Family::default(),
             in_flight: Family::default(),
             pending: Family::default(),
@@ -219,6 +221,12 @@ impl Metrics {
             "Transaction attempts rolled back, by reason: serialization_conflict, handler_retryable, \
              handler_terminal, database_error, connection",
             m.rollbacks.clone(),
+        );
+        r.register(
+            "database_waits",
+            "Attempts that failed because the database was unavailable (a restart, a failover) and \
+             ran again after waiting for it, not counted toward max_deliver",
+            m.database_waits.clone(),
         );
         r.register(
             "redeliveries",
@@ -361,6 +369,7 @@ impl Metrics {
             tx_retries: self.tx_retries.get_or_create_owned(&labels),
             rollbacks,
             redeliveries: self.redeliveries.get_or_create_owned(&labels),
+            database_waits: self.database_waits.get_or_create_owned(&labels),
             dead_letters: self.dead_letters.get_or_create_owned(&labels),
             in_flight: self.in_flight.get_or_create_owned(&labels),
         }
@@ -513,6 +522,7 @@ pub struct ConsumerMetrics {
     redeliveries: Counter,
     dead_letters: Counter,
     in_flight: Gauge,
+    database_waits: Counter,
 }
 
 impl ConsumerMetrics {
@@ -550,6 +560,9 @@ impl ConsumerMetrics {
         }
         if let Some(r) = p.rollback {
             self.rollback(r).inc();
+        }
+        if p.database_waits > 0 {
+            self.database_waits.inc_by(u64::from(p.database_waits));
         }
     }
 

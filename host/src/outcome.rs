@@ -86,4 +86,7 @@ pub struct Processed {
     /// Why the last attempt rolled back (none when it committed). The attempts before it all
     /// rolled back on a conflict (`tx_attempts - 1` of them).
     pub rollback: Option<Rollback>,
+    /// Times the delivery waited for an unavailable database and ran again, uncounted
+    /// (`postgres.failover_wait`).
+    pub database_waits: u32,
 }

@@ -65,6 +65,26 @@ pub(crate) fn past_server_limits(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("54")))
 }
 
+/// Whether `error` says the server is away or no longer takes writes, rather than anything
+/// about the statement: the connection failed or was cut (class 08, I/O, TLS, the pool closed or
+/// out of time), the server is shutting down or starting (57P01–57P03), or it is read-only
+/// (25006: a standby, or a primary demoted by a failover). Such an attempt may wait for the
+/// server and run again without counting (see `Claimer::wait_for_database`); whether the server
+/// was really away is what that wait checks first.
+pub(crate) fn server_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "25006")
+        }),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
 /// Whether `error` is `lock_not_available` (55P03): a lock wait outlasted `lock_timeout`, or a
 /// `NOWAIT` found the lock taken. A group-commit transaction waits on locks only that long (see
 /// [`Wall::begin_group_sql`]); past it the group is sent back one delivery at a time.

@@ -30,6 +30,8 @@ pub(crate) struct Poison {
     /// The statement went past the server's own limits ([`pg::past_server_limits`]): the
     /// delivery fails for good, whatever the handler answers.
     pub past_limits: bool,
+    /// The server went away or stopped taking writes ([`pg::server_unavailable`]).
+    pub unavailable: bool,
 }
 
 /// When the attempt must end, and how to stop a statement still running then: the session's
@@ -319,6 +321,7 @@ impl TxHandle {
                         reason: reason.clone(),
                         lock_wait: false,
                         past_limits: false,
+                        unavailable: false,
                     });
                 }
                 // Dropped mid-statement: the connection is closed, never reused.
@@ -554,6 +557,7 @@ impl TxState {
                 reason: reason.clone(),
                 lock_wait: pg::lock_not_available(error),
                 past_limits: pg::past_server_limits(error),
+                unavailable: pg::server_unavailable(error),
             });
         }
         TxError::Database(db)
@@ -570,6 +574,7 @@ impl TxState {
                 ),
                 lock_wait: false,
                 past_limits: false,
+                unavailable: false,
             });
         }
     }

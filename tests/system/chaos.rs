@@ -124,14 +124,30 @@ where
 const PATIENT: &str =
     "max_in_flight = 16\nmax_deliver = 100\nbackoff = [\"200ms\", \"1s\"]\nack_wait = \"5s\"";
 
+/// Two attempts only: a database outage must not use them up (`postgres.failover_wait`: the
+/// deliveries it failed wait for the server and run again uncounted). With
+/// `IDEMHOST_TEST_FAILOVER_WAIT=0s` every such failure counts, as it did before, and messages
+/// are dead-lettered.
+fn two_attempts(text: &str) -> String {
+    let wait = std::env::var("IDEMHOST_TEST_FAILOVER_WAIT").unwrap_or_else(|_| "60s".into());
+    text.replace("max_deliver = 100", "max_deliver = 2")
+        .replace(
+            "acquire_timeout = \"1s\"\n",
+            &format!("acquire_timeout = \"1s\"\nfailover_wait = \"{wait}\"\n"),
+        )
+}
+
 /// PostgreSQL stops twice in the middle of 20,000 deliveries — once with an immediate
 /// shutdown (no checkpoint, connections cut), once with a fast one — and comes back: in-flight
-/// transactions roll back and are redelivered, the pool reconnects, the host keeps running.
+/// transactions roll back, wait for the server and run again, the pool reconnects, the host
+/// keeps running; with `max_deliver = 2`, nothing is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarts_mid_run_lose_and_double_nothing() {
     const N: usize = 20_000;
+    init_logs();
     let nats = NatsEnv::new("chaos_pg", Duration::from_secs(60)).await;
     let (pg, text) = private_postgres(&nats).await;
+    let text = two_attempts(&text);
     publish_orders(&nats, N).await;
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
     let started = Instant::now();
@@ -161,15 +177,47 @@ async fn postgres_restarts_mid_run_lose_and_double_nothing() {
 
 const MARKERS: &str = "SELECT count(*) FROM processed_message";
 
+/// A database outage longer than two attempts take costs no attempt: one delivery at a time
+/// (so a redelivery comes round while the server is still down), `max_deliver = 2`, the server
+/// down 6 s. Each delivery it failed waits for the server (`postgres.failover_wait`) and runs
+/// again uncounted: nothing is dead-lettered, each message applies once. With
+/// `IDEMHOST_TEST_FAILOVER_WAIT=0s` (every such failure counts, as before) messages were
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_burns_no_attempts() {
+    const N: usize = 60;
+    init_logs();
+    let nats = NatsEnv::new("chaos_outage", Duration::from_secs(60)).await;
+    let (pg, text) = private_postgres(&nats).await;
+    let text = two_attempts(&text)
+        .replace("max_in_flight = 16", "max_in_flight = 1\nbatch_max = 1")
+        .replace("backoff = [\"200ms\", \"1s\"]", "backoff = [\"100ms\"]")
+        .replace("acquire_timeout = \"1s\"", "acquire_timeout = \"300ms\"");
+    publish_orders(&nats, N).await;
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    wait_for_markers(&pg, N / 4).await;
+    pg.stop_immediate();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    pg.start_again();
+    nats.wait_drained(NAME, Duration::from_secs(120)).await;
+    host.stop().await;
+    let markers = scalar(&pg, MARKERS).await;
+    let reserved = scalar(&pg, "SELECT reserved FROM inventory").await;
+    assert_applied_once(markers, reserved, N, &nats).await;
+    nats.cleanup().await;
+}
+
 /// The primary dies (immediate shutdown) in the middle of 10,000 deliveries and its streaming
 /// standby is promoted. The host was given both servers with `target_session_attrs=read-write`:
 /// it moves its pools (its own and the plugin role's) to the new primary and finishes there.
 /// Replication is synchronous, so every commit the host acked is on the standby: the new
-/// primary's markers and stock prove nothing was lost and nothing applied twice. Without the
+/// primary's markers and stock prove nothing was lost and nothing applied twice, and with
+/// `max_deliver = 2` nothing was dead-lettered while the database moved. Without the
 /// host following the primary, no commit ever lands on the standby and the test times out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_takes_over_and_nothing_is_lost_or_doubled() {
     const N: usize = 10_000;
+    init_logs();
     let nats = NatsEnv::new("chaos_failover", Duration::from_secs(60)).await;
     let (primary, text) = private_postgres(&nats).await;
     let standby = PrivatePostgres::standby_of(&primary);
@@ -197,16 +245,18 @@ async fn a_promoted_standby_takes_over_and_nothing_is_lost_or_doubled() {
         primary.address(),
         standby.address()
     );
-    let text = text.replace(&primary.url(), &both).replace(
+    let text = two_attempts(&text.replace(&primary.url(), &both).replace(
         "acquire_timeout = \"1s\"\n",
         "acquire_timeout = \"1s\"\nfailover_check_interval = \"500ms\"\n",
-    );
+    ));
     publish_orders(&nats, N).await;
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
     let started = Instant::now();
     wait_for_markers(&primary, N / 3).await;
     primary.stop_immediate();
     let failed_at = Instant::now();
+    // A failover takes its time to decide: long enough for two attempts to fail.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     standby.promote();
     let promoted_in = failed_at.elapsed();
     time_to_progress(|| scalar(&standby, MARKERS)).await;

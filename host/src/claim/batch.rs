@@ -109,6 +109,7 @@ impl Claimer {
                         tx_time,
                         handler_time: p.timing.handler,
                         rollback: p.rollback,
+                        database_waits: 0,
                     })
                     .collect()
             }
@@ -206,6 +207,7 @@ impl Claimer {
                     cause: Rollback::Database,
                     reason,
                     lock_wait: false,
+                    unavailable: false,
                 }));
             }
             if let Some(failure) = failure.map(in_group) {
@@ -294,6 +296,7 @@ impl Claimer {
                                  delivery per transaction"
                             .into(),
                         lock_wait: false,
+                        unavailable: false,
                     });
                 }
                 Err(e) => {
@@ -398,6 +401,7 @@ fn left_in_session() -> AttemptFailure {
                  read-only; the group runs again one delivery per transaction"
             .into(),
         lock_wait: false,
+        unavailable: false,
     }
 }
 
