@@ -189,6 +189,55 @@ const ALLOWED_STATEMENTS: &[&str] = &[
 /// Bounds on what one `query` may return to a plugin.
 pub(crate) const MAX_ROWS: usize = 10_000;
 pub(crate) const MAX_RESULT_BYTES: usize = 16 << 20;
+/// Host memory one `query`'s values may take, charged before each value is built: its slot
+/// ([`VALUE_SLOT`]), its heap, an array element's own. What the server sends can be far smaller
+/// than what it becomes: an empty text is 4 bytes on the wire and a 32-byte value on the host,
+/// a numeric of 14 bytes prints as 131,073 characters.
+pub(crate) const MAX_RESULT_HOST_BYTES: usize = 48 << 20;
+/// Host bytes of one [`SqlValue`], before its heap.
+pub(crate) const VALUE_SLOT: usize = std::mem::size_of::<SqlValue>();
+/// The least a heap allocation takes.
+const MIN_ALLOCATION: usize = 16;
+
+/// What one `query` may still make the host hold: the result's bytes as the plugin receives
+/// them ([`MAX_RESULT_BYTES`]) and the host's memory for them ([`MAX_RESULT_HOST_BYTES`]).
+/// Each value is charged before it is built; past either bound the query is refused.
+pub(crate) struct ResultBudget {
+    bytes: usize,
+    host: usize,
+}
+
+impl Default for ResultBudget {
+    fn default() -> Self {
+        ResultBudget {
+            bytes: MAX_RESULT_BYTES,
+            host: MAX_RESULT_HOST_BYTES,
+        }
+    }
+}
+
+impl ResultBudget {
+    /// Charges a value of `bytes` (as the plugin gets it) taking `host` bytes of host memory.
+    pub(crate) fn charge(&mut self, bytes: usize, host: usize) -> Result<(), String> {
+        match (self.bytes.checked_sub(bytes), self.host.checked_sub(host)) {
+            (Some(b), Some(h)) => {
+                (self.bytes, self.host) = (b, h);
+                Ok(())
+            }
+            (None, _) => Err(format!("query result exceeds {MAX_RESULT_BYTES} bytes")),
+            (_, None) => Err(format!(
+                "query result exceeds {MAX_RESULT_HOST_BYTES} bytes of host memory (each value \
+                 takes {VALUE_SLOT} bytes and its text's; ask for fewer rows or columns)"
+            )),
+        }
+    }
+
+    /// Charges a text of `len` bytes (its slot in a value or an array, and its allocation).
+    pub(crate) fn charge_text(&mut self, len: usize, slot: usize) -> Result<(), String> {
+        let heap = if len == 0 { 0 } else { len.max(MIN_ALLOCATION) };
+        self.charge(len, slot + heap)
+    }
+}
 /// Longest SQL text a plugin may send.
 pub(crate) const MAX_SQL_BYTES: usize = 64 << 10;
 /// Most relation references (tables, views, CTEs, each time named) in one statement.
@@ -670,18 +719,24 @@ pub(crate) fn bind(params: &[SqlValue]) -> Result<PgArguments, String> {
     Ok(args)
 }
 
-/// Converts one result row into the cases `values` allows. Types without a natural
-/// `sql-value` are refused with a hint to cast them in the query.
-pub(crate) fn row_values(row: &PgRow, values: Values) -> Result<(Vec<SqlValue>, usize), String> {
+/// Converts one result row into the cases `values` allows, charging `budget` for each value
+/// before it is built; returns the row and its size. Types without a natural `sql-value` are
+/// refused with a hint to cast them in the query.
+pub(crate) fn row_values(
+    row: &PgRow,
+    values: Values,
+    budget: &mut ResultBudget,
+) -> Result<(Vec<SqlValue>, usize), String> {
     let mut converted = Vec::with_capacity(row.len());
     let mut bytes = 0usize;
     for (i, column) in row.columns().iter().enumerate() {
         let raw = row.try_get_raw(i).map_err(|e| e.to_string())?;
         let type_name = column.type_info().name().to_string();
         let value = if raw.is_null() {
+            budget.charge(8, VALUE_SLOT)?;
             SqlValue::Null
         } else {
-            convert(raw, &type_name, column.name(), values)?
+            convert(raw, &type_name, column.name(), values, budget)?
         };
         bytes += value.size();
         converted.push(value);
@@ -694,11 +749,23 @@ fn convert(
     type_name: &str,
     column: &str,
     values: Values,
+    budget: &mut ResultBudget,
 ) -> Result<SqlValue, String> {
     fn dec<'r, T: Decode<'r, Postgres>>(raw: PgValueRef<'r>) -> Result<T, String> {
         T::decode(raw).map_err(|e| e.to_string())
     }
     let rich = values == Values::Rich;
+    // Charged before anything is built: the value's text as the wire has it (a numeric's as
+    // its header says it prints; an array's element by element, as it is read).
+    let wire = raw.as_bytes().map_or(0, <[u8]>::len);
+    match type_name {
+        "NUMERIC" if rich => {
+            let len = typed::numeric_text_len(binary(raw.clone(), column)?)?;
+            budget.charge_text(len, VALUE_SLOT)?;
+        }
+        array if rich && typed::is_array_type(array) => budget.charge(0, VALUE_SLOT)?,
+        _ => budget.charge_text(wire, VALUE_SLOT)?,
+    }
     Ok(match type_name {
         "BOOL" => SqlValue::Boolean(dec(raw)?),
         "INT2" => SqlValue::Int(dec::<i16>(raw)?.into()),
@@ -720,9 +787,12 @@ fn convert(
         }
         "DATE" if rich => SqlValue::Date(typed::date_days(binary(raw, column)?)?),
         "UUID" if rich => SqlValue::Uuid(typed::uuid_text(binary(raw, column)?)?),
-        array if rich && typed::is_array_type(array) => {
-            SqlValue::Array(typed::array_value(binary(raw, column)?, array, column)?)
-        }
+        array if rich && typed::is_array_type(array) => SqlValue::Array(typed::array_value(
+            binary(raw, column)?,
+            array,
+            column,
+            budget,
+        )?),
         other => {
             return Err(format!(
                 "column `{column}` has type {other}, which has no sql-value; cast it in the query \

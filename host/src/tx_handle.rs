@@ -457,7 +457,7 @@ impl TxHandle {
         let outcome = self
             .bounded(&mut state, async |tx: &mut Tx| {
                 let mut rows = Vec::new();
-                let mut total = 0usize;
+                let mut budget = sql_gate::ResultBudget::default();
                 let mut largest = 0usize;
                 let mut stream =
                     sqlx::query_with(AssertSqlSafe(sql.to_owned()), args).fetch(&mut **tx);
@@ -468,16 +468,9 @@ impl TxHandle {
                             sql_gate::MAX_ROWS
                         )));
                     }
-                    match sql_gate::row_values(&row, values) {
+                    match sql_gate::row_values(&row, values, &mut budget) {
                         Ok((values, bytes)) => {
-                            total += bytes;
                             largest = largest.max(bytes);
-                            if total > sql_gate::MAX_RESULT_BYTES {
-                                return Ok(Err(format!(
-                                    "query result exceeds {} bytes",
-                                    sql_gate::MAX_RESULT_BYTES
-                                )));
-                            }
                             rows.push(values);
                         }
                         Err(refusal) => return Ok(Err(refusal)),

@@ -752,6 +752,33 @@ async fn the_new_values_cannot_grow_the_host() {
     for n in [131_072u64, 131_073, 1 << 20, 16 << 20] {
         scripts.push(with(serde_json::json!({ "numeric_digits": n })));
     }
+    // Found by review: a numeric of 14 bytes on the wire prints as 131,073 characters — 5,000 of
+    // them in one array took the host to 687 MiB and held its thread 7.6 s past the deadline,
+    // the bystander waiting meanwhile; numeric elements were charged 5 bytes, empty texts none.
+    let big = serde_json::json!({ "numeric": "1e131071" });
+    for n in [1_000u64, 5_000, 100_000] {
+        let sql = format!("SELECT array_fill($1::numeric, ARRAY[{n}])");
+        scripts
+            .push(serde_json::json!({ "steps": [{ "query": sql, "params": [big] }] }).to_string());
+    }
+    let columns = vec!["$1::numeric"; 1_500].join(", ");
+    scripts.push(
+        serde_json::json!({ "steps": [{ "query": format!("SELECT {columns}"), "params": [big] }] })
+            .to_string(),
+    );
+    scripts.push(statement(
+        "query",
+        "SELECT array_fill(0::numeric, ARRAY[100000]) FROM generate_series(1, 33)",
+    ));
+    scripts.push(statement(
+        "query",
+        "SELECT array_fill(NULL::text, ARRAY[100000]) FROM generate_series(1, 40)",
+    ));
+    let empties = vec!["''"; 1_000].join(", ");
+    scripts.push(statement(
+        "query",
+        &format!("SELECT {empties} FROM generate_series(1, 10000)"),
+    ));
     for n in [100_000u64, 2_000_000, 5_000_000] {
         scripts.push(with(serde_json::json!({ "text_array_of": n })));
         scripts.push(with(serde_json::json!({ "int_array_of": n })));

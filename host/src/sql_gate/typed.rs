@@ -4,7 +4,7 @@
 //! its own type OID. Every input is a plugin's or the server's bytes: lengths are checked
 //! before anything is read or allocated by them.
 
-use super::{SqlArray, SqlValue};
+use super::{ResultBudget, SqlArray, SqlValue};
 
 /// Microseconds from 1970-01-01 to PostgreSQL's epoch, 2000-01-01 (UTC).
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
@@ -64,46 +64,53 @@ pub(super) fn encode(value: &SqlValue) -> Option<Result<Encoded, String>> {
     Some(bytes.map(|bytes| Encoded { oid, bytes }))
 }
 
+/// A finite instant that would land on PostgreSQL's `-infinity` (the smallest i64 after the
+/// shift to its epoch) is out of range, not `-infinity`.
 fn timestamp_bytes(micros: i64) -> Result<Vec<u8>, String> {
     let pg = match micros {
         i64::MAX | i64::MIN => micros,
         m => m
             .checked_sub(PG_EPOCH_MICROS)
+            .filter(|pg| *pg != i64::MIN)
             .ok_or("timestamp out of range")?,
     };
     Ok(pg.to_be_bytes().to_vec())
 }
 
+/// As [`timestamp_bytes`], for days.
 fn date_bytes(days: i32) -> Result<Vec<u8>, String> {
     let pg = match days {
         i32::MAX | i32::MIN => days,
-        d => d.checked_sub(PG_EPOCH_DAYS).ok_or("date out of range")?,
+        d => d
+            .checked_sub(PG_EPOCH_DAYS)
+            .filter(|pg| *pg != i32::MIN)
+            .ok_or("date out of range")?,
     };
     Ok(pg.to_be_bytes().to_vec())
 }
 
-/// 32 hex digits, with hyphens anywhere and optionally in braces, as PostgreSQL reads a uuid.
+/// A uuid as PostgreSQL reads one (`uuid_in`): 32 hex digits, optionally in braces, with at
+/// most one hyphen after each group of four digits (none after the last).
 fn uuid_bytes(text: &str) -> Result<[u8; 16], String> {
     let bad = || format!("invalid uuid {:?}", crate::text::reason(text));
-    let inner = text
-        .strip_prefix('{')
-        .and_then(|t| t.strip_suffix('}'))
-        .unwrap_or(text);
+    let inner = match text.strip_prefix('{') {
+        Some(t) => t.strip_suffix('}').ok_or_else(bad)?,
+        None => text,
+    };
+    let mut src = inner.as_bytes();
     let mut out = [0u8; 16];
-    let mut n = 0usize;
-    for c in inner.chars().filter(|c| *c != '-') {
-        let digit = c.to_digit(16).ok_or_else(bad)? as u8;
-        if n == 32 {
+    for (i, byte) in out.iter_mut().enumerate() {
+        let [hi, lo, rest @ ..] = src else {
             return Err(bad());
-        }
-        out[n / 2] |= if n.is_multiple_of(2) {
-            digit << 4
-        } else {
-            digit
         };
-        n += 1;
+        let digit = |c: &u8| (*c as char).to_digit(16).ok_or_else(bad);
+        *byte = ((digit(hi)? << 4) | digit(lo)?) as u8;
+        src = rest;
+        if i % 2 == 1 && i < 15 && src.first() == Some(&b'-') {
+            src = &src[1..];
+        }
     }
-    if n != 32 {
+    if !src.is_empty() {
         return Err(bad());
     }
     Ok(out)
@@ -114,7 +121,8 @@ fn uuid_bytes(text: &str) -> Result<[u8; 16], String> {
 /// could not hold is refused here, before any digit is padded out.
 fn numeric_bytes(text: &str) -> Result<Vec<u8>, String> {
     let bad = || format!("invalid numeric {:?}", crate::text::reason(text));
-    let t = text.trim();
+    // PostgreSQL skips ASCII white space around a numeric, nothing else.
+    let t = text.trim_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
     let special = match t.to_ascii_lowercase().as_str() {
         "nan" => Some(NUMERIC_NAN),
         "infinity" | "+infinity" | "inf" | "+inf" => Some(NUMERIC_PINF),
@@ -210,6 +218,21 @@ fn numeric_header(ndigits: u16, weight: i16, sign: u16, scale: u16) -> Vec<u8> {
     out.extend_from_slice(&sign.to_be_bytes());
     out.extend_from_slice(&scale.to_be_bytes());
     out
+}
+
+/// How long [`numeric_text`] of `raw` can be, from its header alone: what the host charges
+/// before printing it.
+pub(super) fn numeric_text_len(raw: &[u8]) -> Result<usize, String> {
+    let mut r = Reader(raw);
+    let _ndigits = r.u16()?;
+    let weight = r.u16()? as i16 as i64;
+    let _sign = r.u16()?;
+    let scale = r.u16()? as i64;
+    // A sign; 4 characters per base-10000 digit before the point (at least one); a point and
+    // `scale` digits; or "-Infinity", the longest special.
+    let int_part = 4 * (weight.max(0) + 1);
+    let fraction = if scale > 0 { scale + 1 } else { 0 };
+    Ok((1 + int_part + fraction).max(9) as usize)
 }
 
 /// A binary numeric as PostgreSQL prints it (`12.50`, `-0.001`, `NaN`).
@@ -340,7 +363,12 @@ const ELEMENTS: &[&str] = &[
 
 /// A binary one-dimensional array (an empty one has no dimension). More dimensions are
 /// refused; the lower bound is not kept.
-pub(super) fn array_value(raw: &[u8], type_name: &str, column: &str) -> Result<SqlArray, String> {
+pub(super) fn array_value(
+    raw: &[u8],
+    type_name: &str,
+    column: &str,
+    budget: &mut ResultBudget,
+) -> Result<SqlArray, String> {
     let Some(element) = element_of(type_name) else {
         return Err(format!(
             "column `{column}`: unsupported array type {type_name}"
@@ -376,14 +404,37 @@ pub(super) fn array_value(raw: &[u8], type_name: &str, column: &str) -> Result<S
             ));
         }
     };
+    // Each element is charged before it is read: its slot in the array, and a text-like
+    // element's text (a numeric's as its header says it prints).
+    let (slot, texts) = match element {
+        "BOOL" => (2, false),
+        "DATE" => (8, false),
+        "INT2" | "INT4" | "INT8" | "OID" | "FLOAT4" | "FLOAT8" | "TIMESTAMPTZ" | "TIMESTAMP" => {
+            (16, false)
+        }
+        _ => (std::mem::size_of::<Option<String>>(), true),
+    };
     let mut items: Vec<Option<&[u8]>> = Vec::with_capacity(len);
     for _ in 0..len {
         let n = r.i32()?;
-        items.push(if n < 0 {
+        let item = if n < 0 {
             None
         } else {
             Some(r.take(n as usize)?)
-        });
+        };
+        match item {
+            Some(b) if texts => {
+                let len = match element {
+                    "NUMERIC" => numeric_text_len(b)?,
+                    "UUID" => 36,
+                    _ => b.len(),
+                };
+                budget.charge_text(len, slot)?;
+                budget.charge(4, 0)?;
+            }
+            _ => budget.charge(8, slot)?,
+        }
+        items.push(item);
     }
     fn each<T>(
         items: &[Option<&[u8]>],
@@ -655,22 +706,95 @@ mod tests {
     fn arrays_round_trip_with_nulls_and_refuse_short_or_lying_lengths() {
         let array = SqlArray::Numeric(vec![Some("1.5".into()), None, Some("-2".into())]);
         let bytes = array_bytes(&array).unwrap();
-        assert_eq!(array_value(&bytes, "NUMERIC[]", "c").unwrap(), array);
+        assert_eq!(
+            array_value(&bytes, "NUMERIC[]", "c", &mut ResultBudget::default()).unwrap(),
+            array
+        );
         let empty = array_bytes(&SqlArray::Int(vec![])).unwrap();
         assert_eq!(
-            array_value(&empty, "INT8[]", "c").unwrap(),
+            array_value(&empty, "INT8[]", "c", &mut ResultBudget::default()).unwrap(),
             SqlArray::Int(vec![])
         );
         // A header claiming 2^31-1 elements with no bytes behind them.
         let mut lying = bytes[..12].to_vec();
         lying.extend_from_slice(&i32::MAX.to_be_bytes());
         lying.extend_from_slice(&1i32.to_be_bytes());
-        assert!(array_value(&lying, "NUMERIC[]", "c").is_err());
+        assert!(array_value(&lying, "NUMERIC[]", "c", &mut ResultBudget::default()).is_err());
         for cut in 0..bytes.len() {
             assert!(
-                array_value(&bytes[..cut], "NUMERIC[]", "c").is_err(),
+                array_value(
+                    &bytes[..cut],
+                    "NUMERIC[]",
+                    "c",
+                    &mut ResultBudget::default()
+                )
+                .is_err(),
                 "{cut}"
             );
         }
+        let most = SqlArray::Text(vec![Some(String::new()); MAX_ARRAY_ELEMENTS]);
+        let mut bytes = array_bytes(&most).unwrap();
+        let read = array_value(&bytes, "TEXT[]", "c", &mut ResultBudget::default());
+        assert!(read.is_ok());
+        // One more element (as the server could send it; a parameter that long is refused).
+        bytes[12..16].copy_from_slice(&(MAX_ARRAY_ELEMENTS as i32 + 1).to_be_bytes());
+        bytes.extend_from_slice(&0i32.to_be_bytes());
+        let refused = array_value(&bytes, "TEXT[]", "c", &mut ResultBudget::default());
+        assert!(refused.unwrap_err().contains("100000 reach a plugin"));
+        let more = SqlArray::Int(vec![Some(1); MAX_ARRAY_ELEMENTS + 1]);
+        assert!(array_bytes(&more).is_err());
+    }
+
+    /// What a numeric prints as is charged from its header before it is printed: 1e131071
+    /// (14 bytes on the wire, 131,073 characters) in an array of 1,000 is refused at the
+    /// result's bounds before any of its texts is built.
+    #[test]
+    fn a_numeric_is_charged_its_printed_length_before_it_is_printed() {
+        for text in [
+            "0",
+            "-12.50",
+            "1e131071",
+            "1e-16383",
+            "NaN",
+            "-Infinity",
+            "9999.0001",
+        ] {
+            let raw = numeric_bytes(text).unwrap();
+            let printed = numeric_text(&raw).unwrap();
+            let len = numeric_text_len(&raw).unwrap();
+            assert!(
+                len >= printed.len() && len <= printed.len() + 9,
+                "{text}: {len}"
+            );
+        }
+        let huge = SqlArray::Numeric(vec![Some("1e131071".into()); 1_000]);
+        let bytes = array_bytes(&huge).unwrap();
+        assert!(bytes.len() < 100_000);
+        let refused = array_value(&bytes, "NUMERIC[]", "c", &mut ResultBudget::default());
+        assert!(refused.unwrap_err().contains("query result exceeds"));
+    }
+
+    #[test]
+    fn uuids_and_numerics_read_only_what_postgres_reads() {
+        for bad in [
+            "a-0-e-e-b-c-9-9-9c0b4ef8bb6d6bb9bd380a11",
+            "{--a0eebc999c0b4ef8bb6d6bb9bd380a11--}",
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11-",
+            "-a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "a0eeb-c99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "a0eebc99--9c0b-4ef8-bb6d-6bb9bd380a11",
+        ] {
+            assert!(uuid_bytes(bad).is_err(), "{bad}");
+        }
+        assert!(uuid_bytes("a0ee-bc99-9c0b-4ef8-bb6d-6bb9-bd38-0a11").is_ok());
+        assert!(numeric_bytes("\u{3000} 1.5\u{a0}").is_err());
+        assert_eq!(
+            numeric_text(&numeric_bytes(" \t1.5\n").unwrap()).unwrap(),
+            "1.5"
+        );
+        // A finite time that would land on PostgreSQL's -infinity.
+        assert!(timestamp_bytes(i64::MIN + PG_EPOCH_MICROS).is_err());
+        assert!(date_bytes(i32::MIN + PG_EPOCH_DAYS).is_err());
     }
 }
