@@ -105,7 +105,7 @@ pub struct ClaimSettings {
     pub settings_at_login: bool,
     /// How long a delivery waits, at most, for a server that went away or stopped taking
     /// writes, before its failure counts (`postgres.failover_wait`; see
-    /// [`Claimer::wait_for_database`]). Zero: it never waits.
+    /// the claimer's `wait_for_database`). Zero: it never waits.
     pub failover_wait: Duration,
 }
 

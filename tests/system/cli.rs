@@ -228,46 +228,37 @@ fn plugin_check_names_the_wit_version_a_component_targets() {
             path.display()
         );
     }
-    // One version throughout: a 0.2.0 export with a 0.1.0 import is refused.
+    // What `plugin check` says of a component built from `wat`: it must be refused.
     let dir = tmpdir();
-    let mixed = dir.join("mixed.wasm");
-    std::fs::write(
-        &mixed,
-        wat::parse_str(
-            r#"(component
-                 (import "idemhost:consumer/database@0.1.0" (instance))
-                 (instance $h)
-                 (export "idemhost:consumer/handling@0.2.0" (instance $h)))"#,
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
-        .args(["plugin", "check"])
-        .arg(&mixed)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains("targets one version of idemhost:consumer"),
-        "{out:?}"
+    let refusal = |name: &str, wat: &str| {
+        let file = dir.join(name);
+        std::fs::write(&file, wat::parse_str(wat).unwrap()).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
+            .args(["plugin", "check"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{name}: {out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // One version throughout: a 0.2.0 export with a 0.1.0 import is refused.
+    let said = refusal(
+        "mixed.wasm",
+        r#"(component
+             (import "idemhost:consumer/database@0.1.0" (instance))
+             (instance $h)
+             (export "idemhost:consumer/handling@0.2.0" (instance $h)))"#,
     );
-    let other = dir.join("other-version.wasm");
-    std::fs::write(
-        &other,
-        wat::parse_str(r#"(component (import "idemhost:consumer/database@0.9.0" (instance)))"#)
-            .unwrap(),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_idemhost"))
-        .args(["plugin", "check"])
-        .arg(&other)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success()
-            && said.contains("this host speaks idemhost:consumer@0.1.x and 0.2.x"),
-        "{out:?}"
+        said.contains("targets one version of idemhost:consumer"),
+        "{said}"
+    );
+    let said = refusal(
+        "other-version.wasm",
+        r#"(component (import "idemhost:consumer/database@0.9.0" (instance)))"#,
+    );
+    assert!(
+        said.contains("this host speaks idemhost:consumer@0.1.x and 0.2.x"),
+        "{said}"
     );
 }
