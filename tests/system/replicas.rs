@@ -115,7 +115,8 @@ async fn three_replicas_one_killed_twice_apply_each_message_once() {
 /// 8 partitions; 3 replica processes, each partition pinned to one of them. The replica holding
 /// the most pins is SIGKILLed after a third and a new one started: its partitions move to the
 /// others (their logs show the new pins) and, by SQL, every key's versions are applied exactly
-/// once and in order. On an older server the host refuses `partitions` with what it needs.
+/// once and in order. A stream whose subjects also capture the partitions' own subjects is
+/// refused first. On an older server the host refuses `partitions` with what it needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_keep_each_keys_order_across_replicas_when_one_dies() {
     const NAME: &str = "partitioned-v1";
@@ -151,9 +152,19 @@ async fn partitions_keep_each_keys_order_across_replicas_when_one_dies() {
     }
     let mut stream = nats.js.get_stream(&nats.stream).await.unwrap();
     let mut wanted = stream.info().await.unwrap().config.clone();
+    // A stream capturing `<prefix>.>` would also take `<keyed>.<n>` as published, a producer
+    // choosing the partition: the host refuses it with the subject to use instead.
     wanted.subject_transform = Some(idemhost::test_support::partition::transform(
         &keyed, PARTITIONS,
     ));
+    nats.js.update_stream(&wanted).await.unwrap();
+    let err = start_error(parse_config(&text)).await;
+    assert!(
+        err.contains(&format!("captures `{}.>`", nats.prefix))
+            && err.contains(&format!("Give the stream `{keyed}`")),
+        "{err}"
+    );
+    wanted.subjects = vec![keyed.clone(), nats.dlq()];
     nats.js.update_stream(&wanted).await.unwrap();
 
     // First in every partition, messages whose producer forged a pin: a `Nats-Pin-Id` of its

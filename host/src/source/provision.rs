@@ -81,6 +81,25 @@ fn check_transform(config: &ConsumerConfig, have: &stream::Config) -> anyhow::Re
             have.subject_transform
         );
     }
+    // The transform applies to what its source matches; a stream subject that also captures
+    // `<subject>.<n>` would store such a message as it was published, in partition n: a
+    // producer could choose the partition, and one key's messages land in two of them.
+    let partitioned = format!("{}.*", config.subjects[0]);
+    if let Some(wide) = have
+        .subjects
+        .iter()
+        .find(|s| partition::patterns_overlap(s, &partitioned))
+    {
+        anyhow::bail!(
+            "consumer {}: stream {} captures `{wide}`, which includes the partitions' own \
+             subjects (`{partitioned}`): a producer could publish straight into a partition, \
+             and one key's messages could land in two. Give the stream `{}` (the transform's \
+             source) instead of `{wide}`",
+            config.name,
+            config.stream,
+            config.subjects[0]
+        );
+    }
     Ok(())
 }
 
