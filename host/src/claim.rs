@@ -461,7 +461,8 @@ impl Claimer {
             if started.elapsed() >= budget {
                 break false;
             }
-            tokio::time::sleep(DATABASE_PROBE_EVERY.min(budget - started.elapsed())).await;
+            tokio::time::sleep(DATABASE_PROBE_EVERY.min(budget.saturating_sub(started.elapsed())))
+                .await;
             if self.database_writable().await {
                 break true;
             }
