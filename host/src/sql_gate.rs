@@ -763,6 +763,8 @@ fn convert(
             let len = typed::numeric_text_len(binary(raw.clone(), column)?)?;
             budget.charge_text(len, VALUE_SLOT)?;
         }
+        // 16 bytes on the wire, 36 characters printed.
+        "UUID" if rich => budget.charge_text(36, VALUE_SLOT)?,
         array if rich && typed::is_array_type(array) => budget.charge(0, VALUE_SLOT)?,
         _ => budget.charge_text(wire, VALUE_SLOT)?,
     }
