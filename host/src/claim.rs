@@ -87,6 +87,8 @@ pub struct ClaimSettings {
     pub attempt_timeout: Option<Duration>,
     /// Subjects the handler may publish to through the outbox (`publish_subjects`).
     pub publish_subjects: Arc<[String]>,
+    /// The host's inbox prefix (`nats.inbox_prefix`): never a subject the handler publishes to.
+    pub inbox_prefix: Arc<str>,
     /// First retry delay ceiling; doubles each retry up to `retry_cap` (full jitter).
     pub retry_base: Duration,
     /// The ceiling the retry delay doubles up to.
@@ -119,6 +121,7 @@ impl ClaimSettings {
             tx_max_attempts: c.tx_max_attempts,
             attempt_timeout: Some(c.handler_timeout.0),
             publish_subjects: Arc::from(c.publish_subjects.clone()),
+            inbox_prefix: Arc::from("_INBOX"),
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
             keep_connections: c.max_in_flight as usize,
@@ -137,6 +140,7 @@ impl ClaimSettings {
             tx_max_attempts: 5,
             attempt_timeout: Some(Duration::from_secs(5)),
             publish_subjects: Arc::from(Vec::new()),
+            inbox_prefix: Arc::from("_INBOX"),
             retry_base: Duration::from_millis(10),
             retry_cap: Duration::from_secs(1),
             keep_connections: 0,
@@ -307,6 +311,13 @@ impl Claimer {
     /// Its kept connections follow `failover` (see [`Connections::follow`]).
     pub(crate) fn following(self, failover: &Arc<pg::Failover>) -> Self {
         self.connections.follow(failover.clone());
+        self
+    }
+
+    /// Events of this claimer's handlers are never published under `inbox_prefix`, the
+    /// host's own (`nats.inbox_prefix`).
+    pub(crate) fn sparing_inbox(mut self, inbox_prefix: &str) -> Self {
+        self.settings.inbox_prefix = Arc::from(inbox_prefix);
         self
     }
 
@@ -647,7 +658,8 @@ impl Claimer {
     ) -> Result<(Tx, Option<AttemptFailure>), AttemptFailure> {
         failpoint::hit("after_claim");
         let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers)
-            .allowing(self.settings.publish_subjects.clone());
+            .allowing(self.settings.publish_subjects.clone())
+            .sparing_inbox(self.settings.inbox_prefix.clone());
         let deadline = self.settings.attempt_timeout.map(|budget| Deadline {
             at: tokio::time::Instant::now() + budget,
             host_pool: self.host_pool.clone(),

@@ -60,6 +60,17 @@ pub struct NatsConfig {
     /// How long a JetStream API request (publish, ack confirmation, consumer info) may take.
     #[serde(default = "d_5s")]
     pub request_timeout: HumanDuration,
+    /// The prefix of the host's reply subjects (its pull requests', acks' and API requests'
+    /// answers). NATS's default, `_INBOX`, is every client's: give the host one of its own
+    /// (`idemhost_inbox`) and its user may subscribe to exactly that while producers are denied
+    /// it, so no producer can publish into the host's pull inboxes.
+    #[serde(default = "default_inbox_prefix")]
+    pub inbox_prefix: String,
+}
+
+/// NATS's own inbox prefix.
+fn default_inbox_prefix() -> String {
+    "_INBOX".into()
 }
 
 impl Default for NatsConfig {
@@ -68,6 +79,7 @@ impl Default for NatsConfig {
             url: default_nats_url(),
             connect_timeout: d_5s(),
             request_timeout: d_5s(),
+            inbox_prefix: default_inbox_prefix(),
         }
     }
 }

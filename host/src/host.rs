@@ -415,9 +415,13 @@ async fn bind(
                 total_in_flight,
                 config.postgres.max_connections,
             );
-            Claimer::new(pool.clone(), settings).following(failover)
+            Claimer::new(pool.clone(), settings)
+                .following(failover)
+                .sparing_inbox(&config.nats.inbox_prefix)
         } else {
-            plugin_claimer(&config.postgres, pool, failover, c).await?
+            plugin_claimer(&config.postgres, pool, failover, c)
+                .await?
+                .sparing_inbox(&config.nats.inbox_prefix)
         };
         let slot = registry
             .slot(&c.name)

@@ -38,6 +38,9 @@ pub struct Origin {
     /// Subject patterns the handler may publish to (`consumer.publish_subjects`); empty:
     /// none.
     pub allowed_subjects: Arc<[String]>,
+    /// The host's own inbox prefix (`nats.inbox_prefix`), never published to whatever the
+    /// patterns allow: an event there would land in the host's pull and reply inboxes.
+    pub host_inbox: Option<Arc<str>>,
 }
 
 impl Origin {
@@ -52,6 +55,7 @@ impl Origin {
                 .cloned()
                 .collect(),
             allowed_subjects: Arc::from(Vec::new()),
+            host_inbox: None,
         }
     }
 
@@ -59,6 +63,14 @@ impl Origin {
     pub fn allowing(self, patterns: Arc<[String]>) -> Self {
         Origin {
             allowed_subjects: patterns,
+            ..self
+        }
+    }
+
+    /// The same origin, never publishing under the host's inbox prefix `prefix`.
+    pub fn sparing_inbox(self, prefix: Arc<str>) -> Self {
+        Origin {
+            host_inbox: Some(prefix),
             ..self
         }
     }
@@ -78,6 +90,15 @@ pub fn event_headers(
     payload: &[u8],
 ) -> Result<Vec<(String, String)>, String> {
     check_subject(subject)?;
+    if let Some(inbox) = &origin.host_inbox
+        && subject
+            .strip_prefix(&**inbox)
+            .is_some_and(|rest| rest.starts_with('.'))
+    {
+        return Err(format!(
+            "event subject {subject:?} is reserved: the host's own inbox (nats.inbox_prefix)"
+        ));
+    }
     if !origin
         .allowed_subjects
         .iter()
@@ -246,5 +267,19 @@ mod tests {
         }
         let none = Origin::new("c", "m", &[]);
         assert!(event_headers(&none, "orders.placed", &[], b"").is_err());
+    }
+
+    #[test]
+    fn the_hosts_own_inbox_is_never_an_event_subject() {
+        let everything: Arc<[String]> = Arc::from(vec![">".to_string()]);
+        let origin = origin()
+            .allowing(everything)
+            .sparing_inbox(Arc::from("idemhost_inbox"));
+        let event = |subject: &str| event_headers(&origin, subject, &[], b"{}");
+        let refused = event("idemhost_inbox.abc.1").unwrap_err();
+        assert!(refused.contains("the host's own inbox"), "{refused}");
+        assert!(event("idemhost_inbox").is_ok());
+        assert!(event("idemhost_inboxes.abc").is_ok());
+        assert!(event("_INBOX.abc").is_err());
     }
 }

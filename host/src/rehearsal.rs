@@ -117,6 +117,7 @@ pub async fn run(
         let trace = Arc::new(Trace::default());
         let claimer = crate::host::plugin_claimer(&config.postgres, &pool, &failover, consumer)
             .await?
+            .sparing_inbox(&config.nats.inbox_prefix)
             .rehearsing(Rehearsal {
                 trace: trace.clone(),
                 commit: options.commit,

@@ -48,20 +48,42 @@ pub async fn connect_nats(
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .collect();
-    let client = async_nats::ConnectOptions::new()
+    let mut options = async_nats::ConnectOptions::new()
         .connection_timeout(config.connect_timeout.0)
         .request_timeout(Some(config.request_timeout.0))
-        .connect(servers)
-        .await
-        .with_context(|| {
-            format!(
-                "failed to connect to NATS at {}",
-                crate::pg::redact_urls(&config.url)
-            )
-        })?;
+        .custom_inbox_prefix(&config.inbox_prefix);
+    // The client does not read credentials from a URL: `nats://user:password@host` (or
+    // `nats://token@host`) in the first server's URL is given to it here.
+    if let Some((user, password)) = servers.first().and_then(|u| url_credentials(u)) {
+        options = match password {
+            Some(password) => options.user_and_password(user, password),
+            None => options.token(user),
+        };
+    }
+    let client = options.connect(servers).await.with_context(|| {
+        format!(
+            "failed to connect to NATS at {}",
+            crate::pg::redact_urls(&config.url)
+        )
+    })?;
     let mut js = async_nats::jetstream::new(client.clone());
     js.set_timeout(config.request_timeout.0);
     Ok((client, js))
+}
+
+/// The user and password (or the token, a user without a password) of a server URL,
+/// percent-decoded.
+fn url_credentials(server: &str) -> Option<(String, Option<String>)> {
+    let url = url::Url::parse(server).ok()?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    if url.username().is_empty() {
+        return None;
+    }
+    Some((decode(url.username()), url.password().map(decode)))
 }
 
 /// How long one pull request waits for messages before the server ends it.

@@ -66,10 +66,14 @@ impl NatsEnv {
     pub async fn at(url: &str, tag: &str, duplicate_window: Duration) -> NatsEnv {
         let prefix = unique(tag);
         let stream = prefix.to_uppercase();
-        let client = async_nats::connect(url)
+        // As the host connects (credentials in the URL included).
+        let nats = idemhost::config::NatsConfig {
+            url: url.to_string(),
+            ..Default::default()
+        };
+        let (client, js) = idemhost::ops::connect_nats(&nats)
             .await
             .expect("connect to test NATS");
-        let js = jetstream::new(client.clone());
         js.create_stream(stream::Config {
             name: stream.clone(),
             subjects: vec![format!("{prefix}.>")],

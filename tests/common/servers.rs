@@ -11,6 +11,8 @@ pub struct PrivateNats {
     port: u16,
     dir: PathBuf,
     child: Option<std::process::Child>,
+    /// A configuration file (`-c`), when started with one.
+    config: Option<PathBuf>,
 }
 
 impl PrivateNats {
@@ -21,6 +23,24 @@ impl PrivateNats {
             port,
             dir,
             child: None,
+            config: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// [`Self::start`] with `config` (nats-server's configuration syntax: users, permissions)
+    /// as its configuration file.
+    pub fn start_with(config: &str) -> PrivateNats {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("nats-store"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("nats.conf");
+        std::fs::write(&file, config).unwrap();
+        let mut server = PrivateNats {
+            port: free_port(),
+            dir,
+            child: None,
+            config: Some(file),
         };
         server.restart();
         server
@@ -33,7 +53,11 @@ impl PrivateNats {
     /// (Re)starts the server on the same port and store, and waits until it accepts.
     pub fn restart(&mut self) {
         let (log_path, log) = server_log(&self.dir);
-        let child = std::process::Command::new(NATS_SERVER.get())
+        let mut command = std::process::Command::new(NATS_SERVER.get());
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
+        }
+        let child = command
             .args([
                 "-a",
                 "127.0.0.1",

@@ -421,3 +421,34 @@ async fn a_stalled_postgres_acks_nothing_wrongly() {
 async fn a_stalled_nats_completes_once() {
     nats_fault_mid_run("stall_nats", 5_000, 5_000 / 5, NatsFault::Stall).await;
 }
+
+/// With `nats.inbox_prefix` the host takes its replies on subjects of its own: a NATS user
+/// allowed to subscribe only to `idemhost_inbox.>`, and denied `_INBOX.>` (what an operator
+/// denies producers so that none can publish into a pull inbox), runs a consumer to the end —
+/// pulls, acks, API requests, dead letters. Before the key every reply came on `_INBOX`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_needs_no_inbox_but_its_own() {
+    const N: usize = 50;
+    init_logs();
+    let server = PrivateNats::start_with(
+        "authorization {\n  users = [\n    { user: admin, password: admin }\n    \
+         { user: host, password: host, permissions: { publish: \">\", \
+         subscribe: { allow: [\"idemhost_inbox.>\"], deny: [\"_INBOX.>\"] } } }\n  ]\n}\n",
+    );
+    let admin = server.url().replace("nats://", "nats://admin:admin@");
+    let nats = NatsEnv::at(&admin, "inbox", Duration::from_secs(60)).await;
+    let (pg, text) = private_postgres(&nats).await;
+    let host_url = server.url().replace("nats://", "nats://host:host@");
+    let text = text.replace(
+        &format!("url = \"{NATS_URL}\""),
+        &format!("url = \"{host_url}\"\ninbox_prefix = \"idemhost_inbox\""),
+    );
+    assert!(text.contains("idemhost_inbox"), "{text}");
+    publish_orders(&nats, N).await;
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    nats.wait_drained(NAME, Duration::from_secs(120)).await;
+    host.stop().await;
+    let markers = scalar(&pg, MARKERS).await;
+    let reserved = scalar(&pg, "SELECT reserved FROM inventory").await;
+    assert_applied_once(markers, reserved, N, &nats).await;
+}

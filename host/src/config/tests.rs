@@ -517,3 +517,25 @@ fn a_consumers_plugin_config_reads_scalars_as_text_and_is_bounded() {
     }
     assert!(refused("nested = { a = 1 }".into()).contains("config"));
 }
+
+#[test]
+fn the_inbox_prefix_is_subject_tokens() {
+    let with = |prefix: &str| {
+        parse(
+            &SAMPLE.replace(
+                "url = \"nats://127.0.0.1:4222\"",
+                &format!("url = \"nats://127.0.0.1:4222\"\n    inbox_prefix = \"{prefix}\""),
+            ),
+            &[],
+        )
+    };
+    assert_eq!(
+        with("idemhost_inbox.a-1").unwrap().nats.inbox_prefix,
+        "idemhost_inbox.a-1"
+    );
+    assert_eq!(parse(SAMPLE, &[]).unwrap().nats.inbox_prefix, "_INBOX");
+    for bad in ["", "a..b", "a.*", "a.>", "$JS", "a b", "a.", ".a"] {
+        let e = with(bad).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("nats.inbox_prefix"), "{bad:?}: {e}");
+    }
+}

@@ -26,6 +26,21 @@ impl Config {
                 "is not a URL (several servers: comma-separated URLs)",
             );
         }
+        let prefix = &self.nats.inbox_prefix;
+        if prefix.starts_with('$')
+            || prefix.split('.').any(|t| {
+                t.is_empty()
+                    || !t
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            })
+        {
+            return bad(
+                "nats.inbox_prefix".into(),
+                "must be subject tokens of A-Z, a-z, 0-9, _ and - separated by '.', not \
+                 starting with '$' (no wildcards)",
+            );
+        }
         if !self.postgres.url.starts_with("postgres://")
             && !self.postgres.url.starts_with("postgresql://")
         {
