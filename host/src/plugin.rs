@@ -2,7 +2,8 @@
 //! and running one sandboxed instance per delivery with a deadline and a memory cap. What a
 //! plugin may touch is exactly its [`PluginState`]: the lent transaction, its limits, a log sink.
 //! Submodules: [`world`] (what a component may import and must export), `imports` (the host
-//! side of the world's imports) and `cache` (compiled components on disk, keyed by digest).
+//! side of the world's imports), `versions` (each WIT version's bindings and its call) and
+//! `cache` (compiled components on disk, keyed by digest).
 
 mod cache;
 pub use cache::DEFAULT_MAX_BYTES as DEFAULT_COMPILE_CACHE_MAX;
@@ -26,54 +27,12 @@ pub(crate) use crate::handler::PluginTimings;
 use crate::handler::{HandleFuture, Handler, HandlerError, Message};
 use crate::tx_handle::TxHandle;
 
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "handler",
-        imports: { default: async | trappable },
-        exports: { default: async },
-        with: { "idemhost:consumer/database.transaction": crate::tx_handle::TxHandle },
-    });
-}
-
-/// WIT 0.2.0: typed database errors, richer values, the consumer's configuration.
-mod bindings_v2 {
-    wasmtime::component::bindgen!({
-        path: "../wit/0.2.0",
-        world: "handler",
-        imports: { default: async | trappable },
-        exports: { default: async },
-        with: { "idemhost:consumer/database.transaction": crate::tx_handle::TxHandle },
-    });
-}
-
-use bindings::idemhost::consumer::types as wit;
-use bindings_v2::idemhost::consumer::types as wit_v2;
+mod versions;
+use versions::{Pre, bindings, bindings_v2, wit};
 
 /// A consumer's `[consumer.config]` table, which its plugin reads through the `config`
 /// interface (WIT 0.2.0 on).
 pub type PluginConfig = Arc<std::collections::BTreeMap<String, String>>;
-
-/// A component ready to instantiate, by the WIT version it targets.
-enum Pre {
-    V1(bindings::HandlerPre<PluginState>),
-    V2(bindings_v2::HandlerPre<PluginState>),
-}
-
-/// An instance, by the WIT version its component targets.
-enum Instance {
-    V1(bindings::Handler),
-    V2(bindings_v2::Handler),
-}
-
-impl Pre {
-    async fn instantiate(&self, store: &mut Store<PluginState>) -> wasmtime::Result<Instance> {
-        Ok(match self {
-            Pre::V1(pre) => Instance::V1(pre.instantiate_async(store).await?),
-            Pre::V2(pre) => Instance::V2(pre.instantiate_async(store).await?),
-        })
-    }
-}
 
 /// How often the epoch advances; a plugin's deadline is checked (and it yields) at this grain.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -355,11 +314,7 @@ impl PluginRuntime {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| world_err(format!("{e:#}")))?;
-        let pre = match fit.line {
-            world::Line::V1 => bindings::HandlerPre::new(instance_pre).map(Pre::V1),
-            world::Line::V2 => bindings_v2::HandlerPre::new(instance_pre).map(Pre::V2),
-        }
-        .map_err(|e| world_err(format!("{e:#}")))?;
+        let pre = Pre::new(fit.line, instance_pre).map_err(|e| world_err(format!("{e:#}")))?;
         let handler = WasmHandler {
             engine: self.engine.clone(),
             pre,
@@ -652,36 +607,8 @@ impl WasmHandler {
         took.instantiate = Some(instantiated - started);
         self.timings.instantiate.record(instantiated - started);
         let handle: Resource<TxHandle> = store.data_mut().table.push(tx.clone())?;
-        macro_rules! message {
-            ($wit:ident) => {
-                $wit::Message {
-                    id: msg.id.clone(),
-                    subject: msg.subject.clone(),
-                    event_type: msg.event_type.clone(),
-                    headers: msg.headers.clone(),
-                    payload: msg.payload.to_vec(),
-                    delivery_attempt: msg.delivery_attempt,
-                }
-            };
-        }
         let rep = Resource::<TxHandle>::new_borrow(handle.rep());
-        let result = match instance {
-            Instance::V1(i) => {
-                i.idemhost_consumer_handling()
-                    .call_handle(&mut *store, rep, &message!(wit))
-                    .await
-            }
-            Instance::V2(i) => i
-                .idemhost_consumer_handling()
-                .call_handle(&mut *store, rep, &message!(wit_v2))
-                .await
-                .map(|answer| {
-                    answer.map_err(|e| match e {
-                        wit_v2::HandlerError::Retryable(r) => wit::HandlerError::Retryable(r),
-                        wit_v2::HandlerError::Terminal(r) => wit::HandlerError::Terminal(r),
-                    })
-                }),
-        };
+        let result = instance.handle(&mut *store, rep, msg).await;
         took.handle = Some(instantiated.elapsed());
         self.timings.handle.record(instantiated.elapsed());
         store.data_mut().table.delete(handle)?;
