@@ -218,6 +218,8 @@ async fn backlog_and_marker_growth_are_sampled() {
         .await
         .unwrap();
     let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    // The admin endpoint is bound while the host starts: scraping before it answers is refused.
+    wait_ready(&admin, Duration::from_secs(30)).await;
     for id in ["s1", "s2", "s3"] {
         nats.publish(Some(id), r#"{"steps":[]}"#).await;
     }
