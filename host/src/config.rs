@@ -322,6 +322,15 @@ pub struct HostConfig {
     /// Debugging aid: log each delivery's payload size and sha256 (never the payload itself).
     #[serde(default)]
     pub log_payload_digest: bool,
+    /// This replica's number, `0..replicas` (with `replicas`; a StatefulSet's pod index, e.g.
+    /// `IDEMHOST_HOST__REPLICA`). With both set, consumers with `partitions` spread them over
+    /// the replicas (NATS 2.12+): each pulls its own share first, and the others' only while
+    /// no replica ranked above it is pulling (see docs/scaling.md).
+    #[serde(default)]
+    pub replica: Option<u32>,
+    /// How many replicas share the partitioned consumers (with `replica`).
+    #[serde(default)]
+    pub replicas: Option<u32>,
 }
 
 /// Where compiled plugins are kept unless `host.compile_cache` says otherwise:
@@ -382,6 +391,8 @@ impl Default for HostConfig {
             compile_cache: None,
             compile_cache_max: default_compile_cache_max(),
             log_payload_digest: false,
+            replica: None,
+            replicas: None,
         }
     }
 }

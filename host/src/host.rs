@@ -384,7 +384,7 @@ async fn preflight(
     let schema = pg::schema_name(pool, config.postgres.schema.as_deref()).await?;
     let mut conn = pool.acquire().await?;
     for c in &config.consumers {
-        source::check_consumer(js, c).await?;
+        source::check_consumer(js, c, source::partition::Spread::of(&config.host)).await?;
         if !native.contains_key(&c.name) {
             pg::wall::missing_tables(&mut conn, &c.name, &schema, &c.tables).await?;
         }
@@ -432,9 +432,12 @@ async fn bind(
             0 => vec![None],
             n => (0..n).map(Some).collect(),
         };
+        let spread = source::partition::Spread::of(&config.host).filter(|_| c.partitions > 0);
         for p in partitions {
-            let bound = source::bind(js, c, p, claimer.clone(), slot.clone(), metrics).await?;
-            info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), partition = ?p, isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
+            let bound =
+                source::bind(js, c, p, spread, claimer.clone(), slot.clone(), metrics).await?;
+            let priority = p.zip(spread).map(|(p, s)| s.priority(p));
+            info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), partition = ?p, priority = ?priority, isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
             runtimes.push(Arc::new(
                 bound.log_payload_digest(config.host.log_payload_digest),
             ));

@@ -118,11 +118,12 @@ pub(crate) struct ConsumerRuntime {
 }
 
 /// Provisions the consumer on the broker ([`provision`]) — of `partition`, with `partitions`
-/// (see [`partition`]) — and makes its runtime.
+/// (see [`partition`]), pinned or with a `spread` — and makes its runtime.
 pub(crate) async fn bind(
     js: &jetstream::Context,
     config: &ConsumerConfig,
     partition: Option<u32>,
+    spread: Option<partition::Spread>,
     claimer: Claimer,
     plugin: Arc<Slot>,
     metrics: &Metrics,
@@ -135,7 +136,7 @@ pub(crate) async fn bind(
             .map_err(|e| anyhow::anyhow!("consumer {name}: failed to read the host key: {e}"))?,
     );
     let provision::Provisioned { durable, exhausted } =
-        provision::provision(js, config, partition).await?;
+        provision::provision(js, config, partition, spread).await?;
     Ok(ConsumerRuntime {
         config: config.clone(),
         js: js.clone(),
@@ -160,7 +161,7 @@ pub(crate) async fn bind(
         keyed: KeyedQueues::default(),
         waiting: Arc::new(Semaphore::new(max_waiting(config))),
         exhausted,
-        partition: partition.map(|p| (durable.clone(), partition::Pin::new(config, p))),
+        partition: partition.map(|p| (durable.clone(), partition::Pin::new(config, p, spread))),
         replay_key,
         durable,
     })

@@ -565,6 +565,20 @@ pub fn spawn_host(
     failpoint: Option<&str>,
     log: &std::path::Path,
 ) -> std::process::Child {
+    spawn_host_with(
+        config,
+        log,
+        &[("IDEMHOST_FAILPOINT", failpoint.unwrap_or(""))],
+    )
+}
+
+/// [`spawn_host`] with environment variables (`IDEMHOST_*` overrides; an empty value removes
+/// the variable).
+pub fn spawn_host_with(
+    config: &std::path::Path,
+    log: &std::path::Path,
+    env: &[(&str, &str)],
+) -> std::process::Child {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemhost"));
     cmd.arg("run")
         .arg("--config")
@@ -572,8 +586,12 @@ pub fn spawn_host(
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(log).unwrap());
     cmd.env("RUST_LOG", "info").env_remove("IDEMHOST_FAILPOINT");
-    if let Some(fp) = failpoint {
-        cmd.env("IDEMHOST_FAILPOINT", fp);
+    for (k, v) in env {
+        if v.is_empty() {
+            cmd.env_remove(k);
+        } else {
+            cmd.env(k, v);
+        }
     }
     cmd.spawn().unwrap()
 }

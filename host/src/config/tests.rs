@@ -200,6 +200,58 @@ fn hot_swap_keys_have_defaults_and_are_validated() {
     assert!(is_kv_key("inventory-reservation-v1") && !is_kv_key(".x") && !is_kv_key("a b"));
 }
 
+/// `host.replica` and `host.replicas` come together (from the environment too, as a
+/// StatefulSet sets them), the replica numbered below the count.
+#[test]
+fn a_replicas_place_is_both_keys_and_in_range() {
+    let both = parse(
+        SAMPLE,
+        &[
+            ("IDEMHOST_HOST__REPLICA", "2"),
+            ("IDEMHOST_HOST__REPLICAS", "3"),
+        ],
+    )
+    .unwrap();
+    assert_eq!((both.host.replica, both.host.replicas), (Some(2), Some(3)));
+    let none = parse(SAMPLE, &[]).unwrap();
+    assert_eq!((none.host.replica, none.host.replicas), (None, None));
+    for (env, key) in [
+        (&[("IDEMHOST_HOST__REPLICA", "0")][..], "host.replicas"),
+        (&[("IDEMHOST_HOST__REPLICAS", "3")][..], "host.replica"),
+        (
+            &[
+                ("IDEMHOST_HOST__REPLICA", "3"),
+                ("IDEMHOST_HOST__REPLICAS", "3"),
+            ][..],
+            "host.replica",
+        ),
+        (
+            &[
+                ("IDEMHOST_HOST__REPLICA", "0"),
+                ("IDEMHOST_HOST__REPLICAS", "0"),
+            ][..],
+            "host.replicas",
+        ),
+        (
+            &[
+                ("IDEMHOST_HOST__REPLICA", "0"),
+                ("IDEMHOST_HOST__REPLICAS", "1001"),
+            ][..],
+            "host.replicas",
+        ),
+        (
+            &[
+                ("IDEMHOST_HOST__REPLICA", "-1"),
+                ("IDEMHOST_HOST__REPLICAS", "3"),
+            ][..],
+            "replica",
+        ),
+    ] {
+        let err = parse(SAMPLE, env).unwrap_err().to_string();
+        assert!(err.contains(key), "{env:?}: {err}");
+    }
+}
+
 /// `partitions` needs one subject with `*` tokens for the key; a host list in `postgres.url`
 /// must be one the host can use; each refusal names its key and shows no password.
 #[test]

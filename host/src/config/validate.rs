@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use super::{Config, ConfigError, is_kv_key, postgres_url};
 
+/// The most replicas `host.replicas` may name.
+const MAX_REPLICAS: u32 = 1000;
+
 impl Config {
     /// Checks every rule that does not need a server; the first violation names its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -69,6 +72,24 @@ impl Config {
                 "postgres.schema".into(),
                 "must be a lower-case identifier (a-z, 0-9, _; at most 63)",
             );
+        }
+        match (self.host.replica, self.host.replicas) {
+            (None, None) => {}
+            (Some(_), None) => return bad("host.replicas".into(), "must be set with host.replica"),
+            (None, Some(_)) => return bad("host.replica".into(), "must be set with host.replicas"),
+            (Some(_), Some(n)) if !(1..=MAX_REPLICAS).contains(&n) => {
+                return bad(
+                    "host.replicas".into(),
+                    &format!("must be between 1 and {MAX_REPLICAS}"),
+                );
+            }
+            (Some(i), Some(n)) if i >= n => {
+                return bad(
+                    "host.replica".into(),
+                    &format!("must be below host.replicas ({n}): replicas are numbered from 0"),
+                );
+            }
+            (Some(_), Some(_)) => {}
         }
         if self.postgres.max_connections == 0 {
             return bad("postgres.max_connections".into(), "must be at least 1");

@@ -18,6 +18,17 @@
 //!
 //! The pull requests ([`super::pulling`]) carry the group and the pin id this replica was given,
 //! by which the server recognizes it as the same client.
+//!
+//! **Spread** (`host.replica` and `host.replicas` set, NATS 2.12+): pinning gives every
+//! partition to the first replica that pulls it, so the others stand by. With the replicas
+//! numbered, the durables use the `prioritized` policy instead: every replica pulls every
+//! partition, each at the priority its number has for that partition ([`Spread::priority`]),
+//! and the server hands a partition's next message to the waiting pull of the best priority.
+//! So each replica serves its own share (priority 0) while it pulls; when it stops pulling
+//! (dead: its pulls go with its connection; stalled: they expire), its partitions' next
+//! messages go to the replica ranked next, a different one for each of its partitions; when it
+//! pulls again, they come back at the next message. Order holds as above: `max_ack_pending = 1`
+//! still lets one message of a partition out at a time, whoever pulls it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,6 +66,59 @@ pub fn check_server(client: &async_nats::Client, consumer: &str) -> anyhow::Resu
     })
 }
 
+/// The server version spreading partitions needs (the `prioritized` priority policy).
+const SPREAD_NEEDS: (u64, u64) = (2, 12);
+
+/// This replica's place among the replicas (`host.replica` of `host.replicas`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spread {
+    /// This replica's number, `0..replicas`.
+    pub replica: u32,
+    /// How many replicas there are.
+    pub replicas: u32,
+}
+
+impl Spread {
+    /// The spread `host.replica` and `host.replicas` describe, when both are set.
+    pub fn of(host: &crate::config::HostConfig) -> Option<Spread> {
+        Some(Spread {
+            replica: host.replica?,
+            replicas: host.replicas?,
+        })
+    }
+
+    /// The priority (0 best, 9 worst: the server's range) at which this replica pulls
+    /// partition `p`: its rank in the partition's order of replicas. Partition `p` belongs to
+    /// replica `p mod R` first; the others follow in an order rotated by `p div R`, so that a
+    /// replica's partitions each fall back to a different replica and a dead replica's share
+    /// is spread over the survivors rather than doubling one of them. Ranks past 9 share 9.
+    pub fn priority(&self, p: u32) -> u8 {
+        let r = self.replicas.max(1);
+        let home = p % r;
+        if self.replica == home {
+            return 0;
+        }
+        let others = r - 1;
+        // The position of this replica among the others, counting from the one after home.
+        let after_home = (self.replica + r - home) % r - 1;
+        let rotation = (p / r) % others;
+        let rank = 1 + (after_home + others - rotation) % others;
+        rank.min(9) as u8
+    }
+}
+
+/// Whether the server behind `client` can spread partitions; `Err` says what to do otherwise.
+pub fn check_spread(client: &async_nats::Client, consumer: &str) -> anyhow::Result<()> {
+    server_at_least(client, SPREAD_NEEDS).map_err(|version| {
+        anyhow::anyhow!(
+            "consumer {consumer}: spreading `partitions` over replicas (`host.replica` and \
+             `host.replicas`) needs a NATS server 2.12 or newer (the prioritized priority \
+             policy); this one is {version}. Without both keys, each partition is pinned to \
+             the first replica that pulls it"
+        )
+    })
+}
+
 /// How long a partition's pin outlives its holder's last pull: past a pull request's expiry,
 /// so a live holder between two requests keeps it.
 pub fn pin_timeout(pull_expires: Duration) -> Duration {
@@ -66,18 +130,28 @@ pub fn durable(config: &ConsumerConfig, p: u32) -> String {
     config.partition_durable(p)
 }
 
-/// Makes `pull_config` the durable of partition `p`: its filter, its pinned priority group.
+/// Makes `pull_config` the durable of partition `p`: its filter, its priority group — pinned,
+/// or prioritized with a `spread`.
 pub fn configure(
     pull_config: &mut pull::Config,
     config: &ConsumerConfig,
     p: u32,
     pull_expires: Duration,
+    spread: Option<Spread>,
 ) {
     pull_config.filter_subject = format!("{}.{p}", config.subjects[0]);
     pull_config.filter_subjects = Vec::new();
     pull_config.priority_groups = vec![GROUP.to_string()];
-    pull_config.priority_policy = PriorityPolicy::PinnedClient;
-    pull_config.priority_timeout = pin_timeout(pull_expires);
+    match spread {
+        Some(_) => {
+            pull_config.priority_policy = PriorityPolicy::Prioritized;
+            pull_config.priority_timeout = Duration::ZERO;
+        }
+        None => {
+            pull_config.priority_policy = PriorityPolicy::PinnedClient;
+            pull_config.priority_timeout = pin_timeout(pull_expires);
+        }
+    }
     pull_config.max_ack_pending = 1;
 }
 
@@ -122,22 +196,31 @@ pub fn patterns_overlap(a: &str, b: &str) -> bool {
     overlap(&a, &b)
 }
 
-/// This replica's pin on one partition: the id the server gave it, sent with each pull.
+/// This replica's pin on one partition: the id the server gave it, sent with each pull — or,
+/// spread, the priority this replica pulls the partition at (no pin then).
 #[derive(Clone)]
 pub struct Pin {
     partition: u32,
     consumer: String,
     id: Arc<Mutex<Option<String>>>,
+    priority: Option<u8>,
 }
 
 impl Pin {
-    /// The pin of `config`'s partition `partition`, holding no message yet.
-    pub fn new(config: &ConsumerConfig, partition: u32) -> Pin {
+    /// The pin of `config`'s partition `partition`, holding no message yet; with a `spread`,
+    /// this replica's priority for it.
+    pub fn new(config: &ConsumerConfig, partition: u32, spread: Option<Spread>) -> Pin {
         Pin {
             partition,
             consumer: config.name.clone(),
             id: Arc::default(),
+            priority: spread.map(|s| s.priority(partition)),
         }
+    }
+
+    /// With a spread: the priority this replica's pulls of the partition carry.
+    pub(super) fn priority(&self) -> Option<u8> {
+        self.priority
     }
 
     fn id(&self) -> std::sync::MutexGuard<'_, Option<String>> {
@@ -154,7 +237,7 @@ impl Pin {
     /// server's line unreadable (a block ending without its blank line folds the appended line
     /// into the producer's last header) or put its own before it.
     pub(super) async fn adopt(&self, js: &jetstream::Context, stream: &str, durable: &str) {
-        if self.current().is_some() {
+        if self.priority.is_some() || self.current().is_some() {
             return;
         }
         let info = match js.get_stream_no_info(stream).await {
@@ -211,6 +294,57 @@ mod tests {
             assert_eq!(patterns_overlap(a, b), expected, "{a} ~ {b}");
             assert_eq!(patterns_overlap(b, a), expected, "{b} ~ {a}");
         }
+    }
+
+    /// Every partition has one replica at each rank; each replica's own share is about P/R;
+    /// a replica's partitions fall back to the others evenly.
+    #[test]
+    fn the_spread_ranks_every_replica_once_per_partition_and_balances_the_fallback() {
+        for replicas in 1..=12u32 {
+            for partitions in [1u32, 2, 3, 7, 12, 16, 64] {
+                let rank = |replica, p| Spread { replica, replicas }.priority(p);
+                let mut home = vec![0u32; replicas as usize];
+                for p in 0..partitions {
+                    let mut ranks: Vec<u8> = (0..replicas).map(|r| rank(r, p)).collect();
+                    let first = ranks.iter().position(|r| *r == 0).unwrap();
+                    home[first] += 1;
+                    ranks.sort_unstable();
+                    let want: Vec<u8> = (0..replicas).map(|i| i.min(9) as u8).collect();
+                    assert_eq!(ranks, want, "R={replicas} p={p}");
+                }
+                let (lo, hi) = (partitions / replicas, partitions.div_ceil(replicas));
+                assert!(home.iter().all(|h| (lo..=hi).contains(h)), "{home:?}");
+                // The second choices of each replica's own partitions.
+                if replicas > 1 && partitions >= replicas * (replicas - 1) {
+                    for dead in 0..replicas {
+                        let mut takes = vec![0u32; replicas as usize];
+                        for p in (0..partitions).filter(|p| p % replicas == dead) {
+                            let next = (0..replicas).find(|r| rank(*r, p) == 1).unwrap();
+                            takes[next as usize] += 1;
+                        }
+                        let alive: Vec<u32> = (0..replicas)
+                            .filter(|r| *r != dead)
+                            .map(|r| takes[r as usize])
+                            .collect();
+                        let (min, max) = (alive.iter().min(), alive.iter().max());
+                        assert!(max.unwrap() - min.unwrap() <= 1, "R={replicas} {takes:?}");
+                    }
+                }
+            }
+        }
+        // R = 3, P = 12: replica 0 owns 0, 3, 6, 9; they fall back to 1, 2, 1, 2.
+        let second = |p| {
+            (0..3).find(|r| {
+                Spread {
+                    replica: *r,
+                    replicas: 3,
+                }
+                .priority(p)
+                    == 1
+            })
+        };
+        let fallback: Vec<_> = [0, 3, 6, 9].into_iter().map(second).collect();
+        assert_eq!(fallback, [Some(1), Some(2), Some(1), Some(2)]);
     }
 
     #[test]

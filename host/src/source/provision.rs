@@ -8,6 +8,7 @@ use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::{self, stream};
 use tracing::warn;
 
+use super::partition::Spread;
 use super::{PULL_EXPIRES, exhausted, max_waiting, partition, pull_credits};
 use crate::config::ConsumerConfig;
 use crate::subjects::subject_matches;
@@ -22,8 +23,12 @@ pub(super) struct Provisioned {
 /// refused for any consumer changes nothing for any (`Host::run` checks every consumer before
 /// the first change): what the NATS server cannot do, a stream that is missing without
 /// `create_stream`, an existing stream without the partition transform.
-pub(crate) async fn check(js: &jetstream::Context, config: &ConsumerConfig) -> anyhow::Result<()> {
-    refuse_unsupported(js, config)?;
+pub(crate) async fn check(
+    js: &jetstream::Context,
+    config: &ConsumerConfig,
+    spread: Option<Spread>,
+) -> anyhow::Result<()> {
+    refuse_unsupported(js, config, spread)?;
     match js.get_stream(&config.stream).await {
         Ok(stream) => check_transform(config, &stream.cached_info().config),
         // Made by provisioning, after every consumer passed.
@@ -41,10 +46,17 @@ fn stream_not_found(config: &ConsumerConfig) -> String {
 
 /// What the server cannot do is refused before anything on it changes: a refused start must
 /// leave the stream and an existing durable (its position in the stream) as they were.
-fn refuse_unsupported(js: &jetstream::Context, config: &ConsumerConfig) -> anyhow::Result<()> {
+fn refuse_unsupported(
+    js: &jetstream::Context,
+    config: &ConsumerConfig,
+    spread: Option<Spread>,
+) -> anyhow::Result<()> {
     let name = &config.name;
     if config.partitions > 0 {
         partition::check_server(&js.client(), name)?;
+        if spread.is_some() {
+            partition::check_spread(&js.client(), name)?;
+        }
     }
     if config.subjects.len() > 1 {
         // Several filter subjects need NATS 2.10; an older server ignores the field and would
@@ -104,14 +116,15 @@ fn check_transform(config: &ConsumerConfig, have: &stream::Config) -> anyhow::Re
 }
 
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
-/// consumer — of `partition`, with `partitions`.
+/// consumer — of `partition`, with `partitions`, pinned or with a `spread`.
 pub(super) async fn provision(
     js: &jetstream::Context,
     config: &ConsumerConfig,
     partition: Option<u32>,
+    spread: Option<Spread>,
 ) -> anyhow::Result<Provisioned> {
     let name = &config.name;
-    refuse_unsupported(js, config)?;
+    refuse_unsupported(js, config, spread)?;
     let stream = stream(js, config).await?;
     check_transform(config, &stream.cached_info().config)?;
     dead_letter_stream(js, config).await?;
@@ -159,7 +172,7 @@ pub(super) async fn provision(
         many => pull_config.filter_subjects = many.to_vec(),
     }
     if let Some(p) = partition {
-        partition::configure(&mut pull_config, config, p, PULL_EXPIRES);
+        partition::configure(&mut pull_config, config, p, PULL_EXPIRES, spread);
     }
     let mut consumer = stream
         .get_or_create_consumer(&durable, pull_config.clone())
@@ -175,6 +188,7 @@ pub(super) async fn provision(
         || bound.ack_wait != pull_config.ack_wait
         || bound.max_ack_pending < pull_config.max_ack_pending
         || bound.priority_timeout != pull_config.priority_timeout
+        || bound.priority_policy != pull_config.priority_policy
         || (partition.is_some() && bound.max_ack_pending != pull_config.max_ack_pending)
     {
         // A durable made by an older version or another config: bring the settings the host

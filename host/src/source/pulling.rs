@@ -1,15 +1,15 @@
 //! Pull requests, sent by the host itself rather than through async-nats's `batch()`.
 //!
-//! Two reasons. A pinned consumer's pulls must carry the group and pin id (see [`partition`]),
-//! and async-nats refuses one-shot pulls there. And a producer decides a stored message's whole
-//! header block, its first line included: a message published with `NATS/1.0 404 No Messages`
-//! (or 408, 409, 423, 100, 503) comes back from JetStream with that status, and a client that
-//! reads statuses first takes it for the server ending the request. async-nats does: the
-//! request ended there, the messages after it in the same request were dropped unseen (and
-//! redelivered an `ack_wait` later), and the forged one came back each `ack_wait` to do it again
-//! — any producer could slow a consumer to a crawl. Here a message that carries an ack subject
-//! (`$JS.ACK.…`, which only a stream message has) is a message, whatever its first line says;
-//! only the server's own replies to the request, which have none, are statuses.
+//! Two reasons. A partition's pulls must carry the group and the pin id or priority (see
+//! [`partition`]), and async-nats refuses one-shot pulls on a pinned consumer. And a producer
+//! decides a stored message's whole header block, its first line included: a message published with
+//! `NATS/1.0 404 No Messages` (or 408, 409, 423, 100, 503) comes back from JetStream with that
+//! status, and a client that reads statuses first takes it for the server ending the request.
+//! async-nats does: the request ended there, the messages after it in the same request were dropped
+//! unseen (and redelivered an `ack_wait` later), and the forged one came back each `ack_wait` to do
+//! it again — any producer could slow a consumer to a crawl. Here a message that carries an ack
+//! subject (`$JS.ACK.…`, which only a stream message has) is a message, whatever its first line
+//! says; only the server's own replies to the request, which have none, are statuses.
 //!
 //! [`partition`]: super::partition
 
@@ -25,7 +25,7 @@ use futures::stream::BoxStream;
 use super::partition::{GROUP, Pin};
 
 /// One pull request for up to `batch` messages of `durable` on `stream` (in [`GROUP`] with
-/// `pin`'s id, for a partition): the messages the server sends for it, ending when it has sent
+/// `pin`'s id or priority, for a partition): the messages the server sends for it, ending when it has sent
 /// `batch`, ended the request (timeout, no messages, pin mismatch) or `expires` (and a margin)
 /// passed. A reply that ends the request because the consumer is gone is an error.
 pub(crate) async fn pull(
@@ -45,7 +45,9 @@ pub(crate) async fn pull(
     });
     if let Some(pin) = pin {
         request["group"] = GROUP.into();
-        if let Some(id) = pin.current() {
+        if let Some(priority) = pin.priority() {
+            request["priority"] = priority.into();
+        } else if let Some(id) = pin.current() {
             request["id"] = id.into();
         }
     }
