@@ -135,8 +135,11 @@ pub(crate) async fn bind(
             .await
             .map_err(|e| anyhow::anyhow!("consumer {name}: failed to read the host key: {e}"))?,
     );
-    let provision::Provisioned { durable, exhausted } =
-        provision::provision(js, config, partition, spread).await?;
+    let provision::Provisioned {
+        durable,
+        exhausted,
+        prioritized,
+    } = provision::provision(js, config, partition, spread).await?;
     Ok(ConsumerRuntime {
         config: config.clone(),
         js: js.clone(),
@@ -161,7 +164,10 @@ pub(crate) async fn bind(
         keyed: KeyedQueues::default(),
         waiting: Arc::new(Semaphore::new(max_waiting(config))),
         exhausted,
-        partition: partition.map(|p| (durable.clone(), partition::Pin::new(config, p, spread))),
+        partition: partition.map(|p| {
+            let pin = partition::Pin::new(config, p, prioritized, spread);
+            (durable.clone(), pin)
+        }),
         replay_key,
         durable,
     })

@@ -489,6 +489,33 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
         unsafe { libc::kill(r.id() as i32, libc::SIGTERM) };
         assert!(r.wait().unwrap().success(), "a graceful stop exits 0");
     }
+    // A replica without a number, alone now: it leaves the durables prioritized and serves
+    // them (pulling at the best priority).
+    const EXTRA: usize = 24;
+    let unnumbered = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    nats.publish_many_to((0..EXTRA).map(|i| {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", format!("extra-{i}").as_str());
+        h.insert("Idemhost-Ordering-Key", format!("extra-{i}").as_str());
+        let subject = format!("{prefix}.keys.extra-{i}");
+        (subject, h, r#"{"steps":[]}"#.to_string())
+    }))
+    .await;
+    wait_until(
+        Duration::from_secs(60),
+        "the extra messages applied",
+        || async { (env.markers(NAME).await == total + EXTRA as i64).then_some(()) },
+    )
+    .await;
+    unnumbered.stop().await;
+    for p in 0..PARTITIONS {
+        let info = nats.consumer_info(&format!("{NAME}-p{p}")).await;
+        assert_eq!(
+            policy(info),
+            PriorityPolicy::Prioritized,
+            "partition {p} kept"
+        );
+    }
 
     // Each key's partition, from the subjects the stream stored.
     let mut partition_of = std::collections::HashMap::new();
@@ -588,7 +615,7 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
             );
         }
     }
-    assert_eq!(env.markers(NAME).await, total);
+    assert_eq!(env.markers(NAME).await, total + EXTRA as i64);
     each_once_in_order_then_clean(env, nats, total, VERSIONS, &dir).await;
 }
 

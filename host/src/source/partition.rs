@@ -28,7 +28,11 @@
 //! (dead: its pulls go with its connection; stalled: they expire), its partitions' next
 //! messages go to the replica ranked next, a different one for each of its partitions; when it
 //! pulls again, they come back at the next message. Order holds as above: `max_ack_pending = 1`
-//! still lets one message of a partition out at a time, whoever pulls it.
+//! still lets one message of a partition out at a time, whoever pulls it. A numbered replica
+//! turns a pinned durable prioritized; a replica without a number leaves a prioritized durable
+//! as it is and pulls it at the best priority (so a rolling change of the keys never has
+//! replicas turning the durable back and forth); going back to pinning is an edit of the
+//! durables once no replica has a number (docs/scaling.md).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -131,26 +135,23 @@ pub fn durable(config: &ConsumerConfig, p: u32) -> String {
 }
 
 /// Makes `pull_config` the durable of partition `p`: its filter, its priority group — pinned,
-/// or prioritized with a `spread`.
+/// or `prioritized` (spread).
 pub fn configure(
     pull_config: &mut pull::Config,
     config: &ConsumerConfig,
     p: u32,
     pull_expires: Duration,
-    spread: Option<Spread>,
+    prioritized: bool,
 ) {
     pull_config.filter_subject = format!("{}.{p}", config.subjects[0]);
     pull_config.filter_subjects = Vec::new();
     pull_config.priority_groups = vec![GROUP.to_string()];
-    match spread {
-        Some(_) => {
-            pull_config.priority_policy = PriorityPolicy::Prioritized;
-            pull_config.priority_timeout = Duration::ZERO;
-        }
-        None => {
-            pull_config.priority_policy = PriorityPolicy::PinnedClient;
-            pull_config.priority_timeout = pin_timeout(pull_expires);
-        }
+    if prioritized {
+        pull_config.priority_policy = PriorityPolicy::Prioritized;
+        pull_config.priority_timeout = Duration::ZERO;
+    } else {
+        pull_config.priority_policy = PriorityPolicy::PinnedClient;
+        pull_config.priority_timeout = pin_timeout(pull_expires);
     }
     pull_config.max_ack_pending = 1;
 }
@@ -207,14 +208,20 @@ pub struct Pin {
 }
 
 impl Pin {
-    /// The pin of `config`'s partition `partition`, holding no message yet; with a `spread`,
-    /// this replica's priority for it.
-    pub fn new(config: &ConsumerConfig, partition: u32, spread: Option<Spread>) -> Pin {
+    /// The pin of `config`'s partition `partition`, holding no message yet; on a `prioritized`
+    /// durable, the priority this replica pulls it at (its rank with a `spread`, else the
+    /// best).
+    pub fn new(
+        config: &ConsumerConfig,
+        partition: u32,
+        prioritized: bool,
+        spread: Option<Spread>,
+    ) -> Pin {
         Pin {
             partition,
             consumer: config.name.clone(),
             id: Arc::default(),
-            priority: spread.map(|s| s.priority(partition)),
+            priority: prioritized.then(|| spread.map_or(0, |s| s.priority(partition))),
         }
     }
 

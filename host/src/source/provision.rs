@@ -4,7 +4,7 @@
 //! consumer and what is missing.
 
 use anyhow::Context as _;
-use async_nats::jetstream::consumer::{Consumer, pull};
+use async_nats::jetstream::consumer::{Consumer, PriorityPolicy, pull};
 use async_nats::jetstream::{self, stream};
 use tracing::warn;
 
@@ -17,6 +17,8 @@ use crate::subjects::subject_matches;
 pub(super) struct Provisioned {
     pub(super) durable: String,
     pub(super) exhausted: Option<Consumer<pull::Config>>,
+    /// Whether the durable is a partition's with the `prioritized` policy (spread).
+    pub(super) prioritized: bool,
 }
 
 /// What the servers will refuse for this consumer, found by reading only, so that a start
@@ -172,7 +174,7 @@ pub(super) async fn provision(
         many => pull_config.filter_subjects = many.to_vec(),
     }
     if let Some(p) = partition {
-        partition::configure(&mut pull_config, config, p, PULL_EXPIRES, spread);
+        partition::configure(&mut pull_config, config, p, PULL_EXPIRES, spread.is_some());
     }
     let mut consumer = stream
         .get_or_create_consumer(&durable, pull_config.clone())
@@ -184,6 +186,15 @@ pub(super) async fn provision(
             )
         })?;
     let bound = &consumer.cached_info().config;
+    if let Some(p) = partition
+        && spread.is_none()
+        && bound.priority_policy == PriorityPolicy::Prioritized
+    {
+        // Spread by numbered replicas: a replica without a number pulls at the best priority
+        // rather than turn the durable back (replicas started with and without the keys would
+        // turn it back and forth, each pulling in a way the other policy refuses).
+        partition::configure(&mut pull_config, config, p, PULL_EXPIRES, true);
+    }
     if bound.max_deliver != max_deliver
         || bound.ack_wait != pull_config.ack_wait
         || bound.max_ack_pending < pull_config.max_ack_pending
@@ -211,7 +222,12 @@ pub(super) async fn provision(
             config.subjects.len(),
         );
     }
-    Ok(Provisioned { durable, exhausted })
+    let prioritized = consumer.cached_info().config.priority_policy == PriorityPolicy::Prioritized;
+    Ok(Provisioned {
+        durable,
+        exhausted,
+        prioritized,
+    })
 }
 
 /// The consumer's stream: found, or with `create_stream` created (and given the consumer's
