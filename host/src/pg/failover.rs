@@ -135,13 +135,20 @@ impl Failover {
 
     /// Pool options that close, rather than hand out, a connection opened before the last move:
     /// one to an old primary that still takes writes (promoted over without fencing) must not
-    /// go on taking claims.
-    pub fn pool_options(self: &Arc<Self>) -> sqlx::postgres::PgPoolOptions {
+    /// go on taking claims. Each new connection must show the settings `login` names as given
+    /// at its login (see [`super::check_login_settings`]).
+    pub fn pool_options(self: &Arc<Self>, login: &[&'static str]) -> sqlx::postgres::PgPoolOptions {
         let this = self.clone();
-        sqlx::postgres::PgPoolOptions::new().before_acquire(move |_conn, meta| {
-            let stale = this.opened_before_move(meta.age);
-            Box::pin(async move { Ok(!stale) })
-        })
+        let login: Arc<[&'static str]> = login.into();
+        sqlx::postgres::PgPoolOptions::new()
+            .after_connect(move |conn, _meta| {
+                let login = login.clone();
+                Box::pin(async move { super::check_login_settings(conn, &login).await })
+            })
+            .before_acquire(move |_conn, meta| {
+                let stale = this.opened_before_move(meta.age);
+                Box::pin(async move { Ok(!stale) })
+            })
     }
 
     /// Makes `pool` follow the primary: when the watcher moves, its new connections go to the
