@@ -294,13 +294,16 @@ async fn a_new_project_builds_and_applies(lang: &str) {
     let dir = scratch(&format!("plugin-new-{lang}"));
     let name = format!("notes-{lang}");
     let project = dir.join(&name);
+    // The editor types come from the toolchain scripts/build-plugins.sh installed: two tests
+    // installing one into the default place at once (a fresh machine) broke each other's.
     let created = run_ok(
-        Command::new(BIN)
+        toolchain_env(&mut Command::new(BIN))
             .args(["plugin", "new", "--lang", lang, &name])
             .arg(&project),
     );
     let shown = String::from_utf8_lossy(&created.stdout);
     assert!(shown.contains("idemhost plugin build"), "{shown}");
+    assert!(!shown.contains("not written"), "{shown}");
     if lang == "rust" {
         assert!(
             shown.contains("cargo build --release --target wasm32-wasip2"),
@@ -584,7 +587,7 @@ async fn plugin_dev_builds_and_runs_the_samples_on_every_change() {
     // Python, once, with a syntax error.
     let py = dir.join("notes-dev-py");
     run_ok(
-        Command::new(BIN)
+        toolchain_env(&mut Command::new(BIN))
             .args(["plugin", "new", "--lang", "python", "notes-dev-py"])
             .arg(&py),
     );
