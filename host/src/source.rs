@@ -19,6 +19,7 @@ use crate::metrics::{ConsumerMetrics, EventTypeLabels, Metrics};
 use crate::registry::Slot;
 
 mod dead_letter;
+mod disposition;
 mod exhausted;
 mod gathering;
 mod group_limit;

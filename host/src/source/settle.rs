@@ -10,6 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ConsumerRuntime;
+use super::disposition::{Disposition, disposition};
 use crate::claim::{Outcome, Processed};
 use crate::config::ConsumerConfig;
 use crate::failpoint;
@@ -41,9 +42,8 @@ impl ConsumerRuntime {
                 tracing::Span::current().record("plugin", active.version.digest.as_str());
                 let processed = self.with_progress(&[&delivery.msg], self.claimer.process(active.handler.as_ref(), &message)).await;
                 self.record(&message, &processed);
-                match &processed.outcome {
-                    Outcome::RetryableFailure(reason) if delivery.attempt < self.config.max_deliver && self.ordering.is_some() => {
-                        let delay = self.config.backoff_for(delivery.attempt);
+                match (disposition(&processed.outcome, delivery.attempt, &self.config), &processed.outcome) {
+                    (Disposition::RetryInPlace { delay }, Outcome::RetryableFailure(reason)) => {
                         warn!(outcome = "retryable_failure", %reason, ?delay, "delivery failed; retried in place, its ordering key waits");
                         self.with_progress(&[&delivery.msg], tokio::time::sleep(delay)).await;
                         delivery.attempt += 1;
@@ -232,8 +232,12 @@ impl ConsumerRuntime {
     /// after a retryable failure, dead-letter after a terminal one or the last attempt.
     async fn conclude(&self, d: &Delivery, message: &Message, processed: &Processed) {
         let tx_ms = processed.tx_time.as_secs_f64() * 1e3;
-        match &processed.outcome {
-            Outcome::Applied | Outcome::Duplicate => {
+        let reason = match &processed.outcome {
+            Outcome::RetryableFailure(r) | Outcome::TerminalFailure(r) => r.as_str(),
+            Outcome::Applied | Outcome::Duplicate => "",
+        };
+        match disposition(&processed.outcome, d.attempt, &self.config) {
+            Disposition::Ack => {
                 failpoint::hit("after_commit_before_ack");
                 match self.confirmed(&d.msg, AckKind::Ack).await {
                     Ok(()) => {
@@ -253,14 +257,17 @@ impl ConsumerRuntime {
                     }
                 }
             }
-            Outcome::RetryableFailure(reason) if d.attempt < self.config.max_deliver => {
-                let delay = self.config.backoff_for(d.attempt);
+            // Ordered consumers retried in place already (`settle`); a group's parts are not
+            // ordered.
+            Disposition::Nak { delay } | Disposition::RetryInPlace { delay } => {
                 warn!(outcome = "retryable_failure", %reason, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
                 if let Err(e) = d.msg.ack_with(AckKind::Nak(Some(delay))).await {
                     warn!(error = %e, "nak failed; the broker redelivers after ack_wait");
                 }
             }
-            Outcome::RetryableFailure(reason) => {
+            Disposition::DeadLetter {
+                out_of_attempts: true,
+            } => {
                 let key_note = if self.ordering.is_some() {
                     "; its ordering key moves on"
                 } else {
@@ -273,7 +280,9 @@ impl ConsumerRuntime {
                 warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
                 self.dead_letter(d, Some(&message.id), &reason).await;
             }
-            Outcome::TerminalFailure(reason) => {
+            Disposition::DeadLetter {
+                out_of_attempts: false,
+            } => {
                 warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
                 self.dead_letter(d, Some(&message.id), reason).await;
             }
