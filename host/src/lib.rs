@@ -91,7 +91,9 @@ pub mod test_support {
     /// The database layer's helpers the tests call.
     pub mod pg {
         pub use crate::pg::wall;
-        pub use crate::pg::{Connections, Failover, Tx, Wall, connect_options, session_failed};
+        pub use crate::pg::{
+            Connections, Failover, Tx, Wall, check_login_settings, connect_options, session_failed,
+        };
     }
     pub use crate::source::partition;
     pub use crate::sql_gate::check;

@@ -119,26 +119,39 @@ pub fn connect_options(
     Ok(options)
 }
 
-/// Refuses a connection on which a setting in `names` did not come from its login (its
-/// startup packet's `options`): a connection pooler in front of PostgreSQL that drops startup
-/// parameters (PgBouncer's `ignore_startup_parameters = options`) would leave the host's
-/// sessions on the wrong `search_path` — its tables, its migrations — and the plugin role's
-/// without their `statement_timeout` and `synchronous_commit`. One query per new connection.
-pub(crate) async fn check_login_settings(
+/// The settings a connection is given at login (its startup packet's `options`), by name.
+pub(crate) type LoginSettings = Vec<(&'static str, String)>;
+
+/// Refuses a connection on which a setting of `login` is not the value given at its login
+/// (`pg_settings`: `source` is `client` and `reset_val` that value): a connection pooler in
+/// front of PostgreSQL that drops startup parameters (PgBouncer's `ignore_startup_parameters =
+/// options`) would leave the host's sessions on the wrong `search_path` — its tables, its
+/// migrations — and the plugin role's without their `statement_timeout` and
+/// `synchronous_commit`; one that handed out a server connection opened with another client's
+/// options would carry that client's. One query per new connection.
+pub async fn check_login_settings(
     conn: &mut sqlx::PgConnection,
-    names: &[&'static str],
+    login: &[(&'static str, String)],
 ) -> Result<(), sqlx::Error> {
-    if names.is_empty() {
+    if login.is_empty() {
         return Ok(());
     }
-    let names: Vec<&str> = names.to_vec();
-    let lost: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM pg_catalog.pg_settings WHERE name = ANY($1) AND source <> 'client' \
-         ORDER BY name",
+    let names: Vec<&str> = login.iter().map(|(n, _)| *n).collect();
+    let found: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT name, source, reset_val FROM pg_catalog.pg_settings WHERE name = ANY($1)",
     )
     .bind(&names)
     .fetch_all(conn)
     .await?;
+    let lost: Vec<&str> = login
+        .iter()
+        .filter(|(name, value)| {
+            !found
+                .iter()
+                .any(|(n, source, v)| n == name && source == "client" && v == value)
+        })
+        .map(|(name, _)| *name)
+        .collect();
     if lost.is_empty() {
         return Ok(());
     }
@@ -155,12 +168,11 @@ pub(crate) async fn check_login_settings(
 }
 
 /// The settings a connection to `schema` (when set) is given at login: its `search_path`.
-pub(crate) fn login_names(schema: Option<&str>) -> &'static [&'static str] {
-    if schema.is_some() {
-        &["search_path"]
-    } else {
-        &[]
-    }
+pub(crate) fn schema_login(schema: Option<&str>) -> LoginSettings {
+    schema
+        .map(|s| ("search_path", s.to_string()))
+        .into_iter()
+        .collect()
 }
 
 /// Opens the pool and checks one connection, so an unreachable server is reported at start-up
@@ -178,9 +190,9 @@ pub(crate) async fn connect_following(
 ) -> anyhow::Result<(PgPool, std::sync::Arc<Failover>)> {
     let failover = Failover::find(config).await?;
     let shown = redact_url(failover.current_url());
-    let login = login_names(config.schema.as_deref());
+    let login = schema_login(config.schema.as_deref());
     let pool = failover
-        .pool_options(login)
+        .pool_options(&login)
         .max_connections(max_connections)
         .acquire_timeout(config.acquire_timeout.0)
         .connect_with(failover.options())
@@ -188,7 +200,7 @@ pub(crate) async fn connect_following(
     let pool = match pool {
         Ok(pool) => pool,
         Err(e) => {
-            let why = connect_failure(&e, &failover.options(), login).await;
+            let why = connect_failure(&e, &failover.options(), &login).await;
             anyhow::bail!("failed to connect to PostgreSQL at {shown}: {why}");
         }
     };
@@ -204,7 +216,7 @@ pub(crate) async fn connect_following(
 pub(crate) async fn connect_failure(
     error: &sqlx::Error,
     options: &PgConnectOptions,
-    login: &[&'static str],
+    login: &[(&'static str, String)],
 ) -> String {
     use sqlx::ConnectOptions as _;
     let attempt;

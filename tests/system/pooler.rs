@@ -161,12 +161,44 @@ async fn a_pooler_that_refuses_or_drops_the_login_settings_is_named() {
     let err = role_pool(dropping.url()).await.unwrap_err();
     assert!(
         err.contains("did not apply the settings")
-            && err.contains("(statement_timeout, synchronous_commit)"),
+            && err.contains("(synchronous_commit, statement_timeout)"),
         "{err}"
     );
     role_pool(PG_URL.to_string()).await.unwrap();
     drop(dropping);
     env.execute(&format!("DROP ROLE {role}")).await;
     nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// A connection whose login carried another client's settings (what a pooler sharing server
+/// connections opened with the first client's `options` would hand out) is refused too: the
+/// check compares each value, not only where it came from.
+#[tokio::test]
+async fn a_connection_with_another_clients_login_settings_is_refused() {
+    let env = TestEnv::new("pooler_value").await;
+    let options = idemhost::test_support::pg::connect_options(&PG_URL, Some(&env.schema), "t")
+        .unwrap()
+        .options([("statement_timeout", "7000")]);
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
+        .await
+        .unwrap();
+    let check = idemhost::test_support::pg::check_login_settings;
+    let ours = |timeout: &str| {
+        vec![
+            ("search_path", env.schema.clone()),
+            ("statement_timeout", timeout.to_string()),
+        ]
+    };
+    check(&mut conn, &ours("7000")).await.unwrap();
+    let err = check(&mut conn, &ours("5000"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("(statement_timeout)"), "{err}");
+    let other = vec![("search_path", "public".to_string())];
+    let err = check(&mut conn, &other).await.unwrap_err().to_string();
+    assert!(err.contains("(search_path)"), "{err}");
+    drop(conn);
     env.cleanup().await;
 }

@@ -135,11 +135,14 @@ impl Failover {
 
     /// Pool options that close, rather than hand out, a connection opened before the last move:
     /// one to an old primary that still takes writes (promoted over without fencing) must not
-    /// go on taking claims. Each new connection must show the settings `login` names as given
-    /// at its login (see [`super::check_login_settings`]).
-    pub fn pool_options(self: &Arc<Self>, login: &[&'static str]) -> sqlx::postgres::PgPoolOptions {
+    /// go on taking claims. Each new connection must show the settings of `login` as given at
+    /// its login (see [`super::check_login_settings`]).
+    pub fn pool_options(
+        self: &Arc<Self>,
+        login: &[(&'static str, String)],
+    ) -> sqlx::postgres::PgPoolOptions {
         let this = self.clone();
-        let login: Arc<[&'static str]> = login.into();
+        let login: Arc<[(&'static str, String)]> = login.into();
         sqlx::postgres::PgPoolOptions::new()
             .after_connect(move |conn, _meta| {
                 let login = login.clone();

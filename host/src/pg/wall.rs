@@ -529,15 +529,10 @@ pub async fn role_pool(
 ) -> anyhow::Result<PgPool> {
     let options = role_connect_options(postgres, failover, role, password)?
         .options(login.iter().map(|(n, v)| (*n, v.as_str())));
-    let names: Vec<&'static str> = (login.iter().map(|(n, _)| *n))
-        .chain(
-            super::login_names(postgres.schema.as_deref())
-                .iter()
-                .copied(),
-        )
-        .collect();
+    let mut checked = login.to_vec();
+    checked.extend(super::schema_login(postgres.schema.as_deref()));
     let pool = failover
-        .pool_options(&names)
+        .pool_options(&checked)
         .max_connections(max_connections.max(1))
         .acquire_timeout(postgres.acquire_timeout.0)
         .connect_with(options.clone())
@@ -545,7 +540,7 @@ pub async fn role_pool(
     let pool = match pool {
         Ok(pool) => pool,
         Err(e) => {
-            let why = super::connect_failure(&e, &options, &names).await;
+            let why = super::connect_failure(&e, &options, &checked).await;
             anyhow::bail!(
                 "failed to connect to PostgreSQL as the plugin role {role}: {why} (the role needs \
                  LOGIN and an entry in pg_hba.conf; set consumer.role_password if the server \
