@@ -96,15 +96,17 @@ impl Spread {
     /// replica `p mod R` first; the others follow in an order rotated by `p div R`, so that a
     /// replica's partitions each fall back to a different replica and a dead replica's share
     /// is spread over the survivors rather than doubling one of them. Ranks past 9 share 9.
+    /// (A number past the count, which the config's validation refuses but an embedder's
+    /// `Config` may hold, counts modulo it.)
     pub fn priority(&self, p: u32) -> u8 {
         let r = self.replicas.max(1);
-        let home = p % r;
-        if self.replica == home {
+        let (home, me) = (p % r, self.replica % r);
+        if me == home {
             return 0;
         }
         let others = r - 1;
         // The position of this replica among the others, counting from the one after home.
-        let after_home = (self.replica + r - home) % r - 1;
+        let after_home = (me + r - home) % r - 1;
         let rotation = (p / r) % others;
         let rank = 1 + (after_home + others - rotation) % others;
         rank.min(9) as u8
@@ -338,6 +340,22 @@ mod tests {
                     }
                 }
             }
+        }
+        // A number past the count (an embedder's unvalidated config) is taken modulo it.
+        for p in 0..12 {
+            let past = Spread {
+                replica: 4,
+                replicas: 3,
+            }
+            .priority(p);
+            assert_eq!(
+                past,
+                Spread {
+                    replica: 1,
+                    replicas: 3
+                }
+                .priority(p)
+            );
         }
         // R = 3, P = 12: replica 0 owns 0, 3, 6, 9; they fall back to 1, 2, 1, 2.
         let second = |p| {
