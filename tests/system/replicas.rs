@@ -330,7 +330,9 @@ fn partitioned_config(
 /// the replica's `application_name` and the time it was applied; the stream gives each key's
 /// partition): while all three run, each partition is served by its own replica (4 each); one
 /// SIGKILLed mid-stream, its 4 partitions go to the replicas ranked next for them (2 each)
-/// within `ack_wait` and a margin; started again with its number, it serves its 4 again. Every
+/// within `ack_wait` and a margin; started again with its number, it serves its 4 again; another
+/// stopped (SIGSTOP) while idle, its 4 go to the ranks next within the pull expiry and `ack_wait`
+/// (its waiting pulls are handed messages it cannot take until they expire). Every
 /// key's versions applied exactly once and in order, nothing dead-lettered. An older server
 /// refuses the keys with what it needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,6 +345,9 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
     /// How long a dead replica's partitions may take to move: its message in flight comes
     /// back after `ack_wait` (2 s), then a survivor's waiting pull takes it.
     const MOVE_BOUND: f64 = 5.0;
+    /// A stopped replica's pulls wait at the server until they expire (5 s), and what they
+    /// were handed comes back after `ack_wait`.
+    const STALL_BOUND: f64 = 9.0;
     let env = TestEnv::new("spread").await;
     env.execute(
         "CREATE TABLE key_versions (id bigserial PRIMARY KEY, key text NOT NULL, \
@@ -417,10 +422,11 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
     }
     let (events, duplicates, _) =
         versioned_events(&env.host_key().await, KEYS, VERSIONS, 23, false);
-    // Four parts, each published once the one before is applied (a part's rows are then an
-    // id range): all up; one killed halfway through; one down; the killed one back.
+    // Five parts, each published once the one before is applied (a part's rows are then an
+    // id range): all up; one killed halfway through; one down; the killed one back; another
+    // stopped (SIGSTOP) while idle, its pulls still waiting at the server.
     let parts: Vec<Vec<(String, async_nats::HeaderMap, String)>> = events
-        .chunks(events.len().div_ceil(4))
+        .chunks(events.len().div_ceil(5))
         .map(<[_]>::to_vec)
         .collect();
     let originals = |e: &[(String, async_nats::HeaderMap, String)]| {
@@ -443,8 +449,17 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
     };
     let mut due = 0;
     let mut ends = Vec::new();
-    let mut killed_at = 0;
+    let (mut killed_at, mut stopped_at) = (0, 0);
     for (i, part) in parts.iter().enumerate() {
+        if i == 4 {
+            for p in 0..PARTITIONS {
+                nats.wait_drained(&format!("{NAME}-p{p}"), Duration::from_secs(60))
+                    .await;
+            }
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(replicas[1].id() as i32, libc::SIGSTOP) };
+            stopped_at = now_us().await;
+        }
         if i == 3 {
             replicas[0] = start(0, "r0-back");
             wait_until(
@@ -478,6 +493,8 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
         .await;
         ends.push(last_id().await);
     }
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(replicas[1].id() as i32, libc::SIGCONT) };
     let total = KEYS as i64 * VERSIONS;
     assert_eq!(due, total);
     for p in 0..PARTITIONS {
@@ -567,10 +584,23 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
     let all_up = servers(0..=ends[0]);
     let one_down = servers(ends[1] + 1..=ends[2]);
     let returned = servers(ends[2] + 1..=ends[3]);
+    let stalled = servers(ends[3] + 1..=ends[4]);
     println!(
-        "spread: {duplicates} duplicates; all up {all_up:?}; one down {one_down:?}; back {returned:?}"
+        "spread: {duplicates} duplicates; all up {all_up:?}; one down {one_down:?}; back {returned:?}; one stalled {stalled:?}"
     );
-    let mut moves = Vec::new();
+    // When a replica other than `from` first applied a row of partition `p` after `since`.
+    let first_elsewhere = |p: u32, from: &str, since: i64| {
+        let first = rows
+            .iter()
+            .filter(|(_, k, r, at)| {
+                *at > since && r != from && partition_of.get(k.as_str()) == Some(&p)
+            })
+            .map(|(_, _, _, at)| *at)
+            .min()
+            .unwrap();
+        (first - since) as f64 / 1e6
+    };
+    let (mut moves, mut stall_moves) = (Vec::new(), Vec::new());
     for p in 0..PARTITIONS {
         let at = p as usize;
         assert_eq!(
@@ -580,15 +610,7 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
         );
         if p % REPLICAS == 0 {
             assert_eq!(one_down[at].0, next(p), "partition {p} moved: {one_down:?}");
-            let first_after = rows
-                .iter()
-                .filter(|(_, k, r, at)| {
-                    *at > killed_at && r != "r0" && partition_of.get(k.as_str()) == Some(&p)
-                })
-                .map(|(_, _, _, at)| *at)
-                .min()
-                .unwrap();
-            moves.push((first_after - killed_at) as f64 / 1e6);
+            moves.push(first_elsewhere(p, "r0", killed_at));
         } else {
             assert_eq!(
                 one_down[at].0,
@@ -597,11 +619,23 @@ async fn partitions_spread_over_numbered_replicas_and_come_back() {
             );
         }
         assert_eq!(returned[at].0, home(p), "partition {p} back: {returned:?}");
+        if p % REPLICAS == 1 {
+            assert_eq!(stalled[at].0, next(p), "partition {p} stalled: {stalled:?}");
+            stall_moves.push(first_elsewhere(p, "r1", stopped_at));
+        } else {
+            assert_eq!(stalled[at].0, home(p), "partition {p} stayed: {stalled:?}");
+        }
     }
-    println!("spread: the killed replica's partitions moved after {moves:?} s");
+    println!(
+        "spread: the killed replica's partitions moved after {moves:?} s, the stopped one's after {stall_moves:?} s"
+    );
     assert!(
         moves.iter().all(|m| *m <= MOVE_BOUND),
         "moves {moves:?} within {MOVE_BOUND} s"
+    );
+    assert!(
+        stall_moves.iter().all(|m| *m <= STALL_BOUND),
+        "moves {stall_moves:?} within {STALL_BOUND} s"
     );
     for (window, servers) in [("all up", &all_up), ("back", &returned)] {
         for r in 0..REPLICAS {
