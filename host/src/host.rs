@@ -488,12 +488,18 @@ pub(crate) async fn plugin_claimer(
     let mut settings = ClaimSettings::for_consumer(c);
     settings.failover_wait = postgres.failover_wait.0;
     // The durability the operator configured, and the consumer's statement timeout, carried
-    // by the role's connections from their login: the transactions need not set them.
+    // by the role's connections from their login: the transactions need not set them. And a
+    // bound on a stalled host's open transaction.
     let synchronous_commit: String =
         sqlx::query_scalar("SELECT pg_catalog.current_setting('synchronous_commit')")
             .fetch_one(pool)
             .await?;
-    let login = pg::wall::login_settings(&synchronous_commit, settings.statement_timeout);
+    let mut login = pg::wall::login_settings(&synchronous_commit, settings.statement_timeout);
+    let idle = pg::wall::idle_in_transaction_timeout(c.handler_timeout.0);
+    login.push((
+        "idle_in_transaction_session_timeout",
+        idle.as_millis().to_string(),
+    ));
     let plugin_pool = pg::wall::role_pool(
         postgres,
         failover,

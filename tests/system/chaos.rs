@@ -452,3 +452,79 @@ async fn the_host_needs_no_inbox_but_its_own() {
     let reserved = scalar(&pg, "SELECT reserved FROM inventory").await;
     assert_applied_once(markers, reserved, N, &nats).await;
 }
+
+/// A host stopped (SIGSTOP, as a frozen VM) inside a delivery's transaction: its plugin role's
+/// session sits idle in that transaction, holding the claim's row lock, so the replica the
+/// broker hands the message to next would wait on it for as long as the stall lasts. The server
+/// ends the session after `handler_timeout` + 5 s idle (given at login); another host then
+/// applies the message, once. Without the setting the session was still open after 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_hosts_open_transaction_is_ended_by_the_server() {
+    const STALLED: &str = "stalled-v1";
+    let env = TestEnv::new("stalled_tx").await;
+    env.execute("CREATE TABLE stalled (id text PRIMARY KEY)")
+        .await;
+    let nats = NatsEnv::new("stalled_tx", Duration::from_secs(60)).await;
+    let text = config_text(
+        &env,
+        &nats,
+        STALLED,
+        "testkit",
+        "handler_timeout = \"1s\"\nack_wait = \"2s\"\nmax_deliver = 50\nbackoff = [\"100ms\"]",
+    );
+    let dir = std::env::temp_dir().join(unique("idemhost_stalled"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("idemhost.toml");
+    std::fs::write(&config, &text).unwrap();
+    let mut first = spawn_host(&config, None, &dir.join("first.log"));
+    nats.publish(
+        Some("m-1"),
+        r#"{"steps":[{"execute":"INSERT INTO stalled (id) VALUES ('m-1')"},{"query":"SELECT pg_catalog.pg_sleep(0.5)"}]}"#,
+    )
+    .await;
+    // The plugin role's sessions: the test's application_name, not the test's own user.
+    let sessions = |state: &'static str| {
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{}' \
+             AND usename <> current_user AND state = '{state}'",
+            env.schema
+        );
+        let env = &env;
+        async move { env.scalar(&sql).await }
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "the handler in its pg_sleep",
+        || async { (sessions("active").await > 0).then_some(()) },
+    )
+    .await;
+    // SAFETY: signals to our own child process.
+    unsafe { libc::kill(first.id() as i32, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    wait_until(
+        Duration::from_secs(60),
+        "the session idle in its transaction",
+        || async { (sessions("idle in transaction").await > 0).then_some(()) },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(20),
+        "the server to end the stalled session",
+        || async { (sessions("idle in transaction").await == 0).then_some(()) },
+    )
+    .await;
+    let ended = stopped.elapsed();
+    assert!(ended >= Duration::from_secs(5), "ended after {ended:?}");
+    let mut second = spawn_host(&config, None, &dir.join("second.log"));
+    nats.wait_drained(STALLED, Duration::from_secs(60)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM stalled").await, 1);
+    assert_eq!(env.markers(STALLED).await, 1);
+    unsafe { libc::kill(first.id() as i32, libc::SIGKILL) };
+    let _ = first.wait();
+    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    assert!(second.wait().unwrap().success(), "a graceful stop exits 0");
+    println!("stalled: the server ended the stopped host's transaction {ended:?} after the stop");
+    nats.cleanup().await;
+    env.cleanup().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

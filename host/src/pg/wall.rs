@@ -204,6 +204,18 @@ fn clear_sql(
     )
 }
 
+/// How long a plugin role's session may sit idle inside a transaction before the server ends it
+/// (`idle_in_transaction_session_timeout`, given at login): past the handler's whole deadline
+/// and a margin, which a live host never is — between two statements of a delivery's
+/// transaction it runs one handler at most. A host that stalls there (SIGSTOP, a frozen VM)
+/// would otherwise keep its claim's row lock, and with it the message, from the replica the
+/// broker gives it to next, for as long as the stall lasts.
+pub(crate) fn idle_in_transaction_timeout(
+    handler_timeout: std::time::Duration,
+) -> std::time::Duration {
+    handler_timeout + std::time::Duration::from_secs(5)
+}
+
 /// The settings a delivery's statements and its COMMIT run with: the server's
 /// `synchronous_commit` (as the host read it) and the consumer's `statement_timeout` in
 /// milliseconds. Either set in each transaction (`SET LOCAL`, then again after the clearing),
