@@ -457,7 +457,8 @@ async fn the_host_needs_no_inbox_but_its_own() {
 /// session sits idle in that transaction, holding the claim's row lock, so the replica the
 /// broker hands the message to next would wait on it for as long as the stall lasts. The server
 /// ends the session after `handler_timeout` + 5 s idle (given at login); another host then
-/// applies the message, once. Without the setting the session was still open after 20 s.
+/// applies the message, once. Without the setting the session was still open after 20 s. The
+/// host is stopped while its handler's `pg_sleep(1.5)` runs, so its transaction is open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_hosts_open_transaction_is_ended_by_the_server() {
     const STALLED: &str = "stalled-v1";
@@ -470,7 +471,7 @@ async fn a_stalled_hosts_open_transaction_is_ended_by_the_server() {
         &nats,
         STALLED,
         "testkit",
-        "handler_timeout = \"1s\"\nack_wait = \"2s\"\nmax_deliver = 50\nbackoff = [\"100ms\"]",
+        "handler_timeout = \"3s\"\nack_wait = \"2s\"\nmax_deliver = 50\nbackoff = [\"100ms\"]",
     );
     let dir = std::env::temp_dir().join(unique("idemhost_stalled"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -479,14 +480,14 @@ async fn a_stalled_hosts_open_transaction_is_ended_by_the_server() {
     let mut first = spawn_host(&config, None, &dir.join("first.log"));
     nats.publish(
         Some("m-1"),
-        r#"{"steps":[{"execute":"INSERT INTO stalled (id) VALUES ('m-1')"},{"query":"SELECT pg_catalog.pg_sleep(0.5)"}]}"#,
+        r#"{"steps":[{"execute":"INSERT INTO stalled (id) VALUES ('m-1')"},{"query":"SELECT pg_catalog.pg_sleep(1.5)"}]}"#,
     )
     .await;
     // The plugin role's sessions: the test's application_name, not the test's own user.
-    let sessions = |state: &'static str| {
+    let sessions = |state: &'static str, query: &'static str| {
         let sql = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{}' \
-             AND usename <> current_user AND state = '{state}'",
+             AND usename <> current_user AND state = '{state}' AND query LIKE '{query}'",
             env.schema
         );
         let env = &env;
@@ -495,7 +496,7 @@ async fn a_stalled_hosts_open_transaction_is_ended_by_the_server() {
     wait_until(
         Duration::from_secs(60),
         "the handler in its pg_sleep",
-        || async { (sessions("active").await > 0).then_some(()) },
+        || async { (sessions("active", "%pg_sleep%").await > 0).then_some(()) },
     )
     .await;
     // SAFETY: signals to our own child process.
@@ -504,13 +505,13 @@ async fn a_stalled_hosts_open_transaction_is_ended_by_the_server() {
     wait_until(
         Duration::from_secs(60),
         "the session idle in its transaction",
-        || async { (sessions("idle in transaction").await > 0).then_some(()) },
+        || async { (sessions("idle in transaction", "%").await > 0).then_some(()) },
     )
     .await;
     wait_until(
         Duration::from_secs(20),
         "the server to end the stalled session",
-        || async { (sessions("idle in transaction").await == 0).then_some(()) },
+        || async { (sessions("idle in transaction", "%").await == 0).then_some(()) },
     )
     .await;
     let ended = stopped.elapsed();
