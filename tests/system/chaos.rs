@@ -478,6 +478,15 @@ async fn a_stalled_hosts_open_transaction_is_ended_by_the_server() {
     let config = dir.join("idemhost.toml");
     std::fs::write(&config, &text).unwrap();
     let mut first = spawn_host(&config, None, &dir.join("first.log"));
+    // A stopped host left behind by a failed assertion would never exit on its own.
+    struct Killed(u32);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+    let _first_ends = Killed(first.id());
     nats.publish(
         Some("m-1"),
         r#"{"steps":[{"execute":"INSERT INTO stalled (id) VALUES ('m-1')"},{"query":"SELECT pg_catalog.pg_sleep(1.5)"}]}"#,
