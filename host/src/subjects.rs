@@ -64,9 +64,44 @@ pub fn subject_matches(pattern: &str, subject: &str) -> bool {
     subject_tokens.next().is_none()
 }
 
+/// Whether two NATS subject patterns match a subject in common (`*`: one token, `>`: one or
+/// more at the end).
+pub(crate) fn patterns_overlap(a: &str, b: &str) -> bool {
+    fn overlap(a: &[&str], b: &[&str]) -> bool {
+        match (a.split_first(), b.split_first()) {
+            (None, None) => true,
+            (Some((&">", _)), Some(_)) | (Some(_), Some((&">", _))) => true,
+            (Some((x, a)), Some((y, b))) => (*x == "*" || *y == "*" || x == y) && overlap(a, b),
+            _ => false,
+        }
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.split('.').collect(), b.split('.').collect());
+    overlap(&a, &b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subject_patterns_overlap_as_nats_matches_them() {
+        for (a, b, expected) in [
+            ("orders.>", "orders.*.*", true),
+            ("orders.*", "orders.*.*", false),
+            (">", "orders.*.*", true),
+            ("orders.*.>", "orders.*.*", true),
+            ("orders.eu.*", "orders.*.*", true),
+            ("orders.eu", "orders.*.*", false),
+            ("orders.*.placed", "orders.*.*", true),
+            ("other.>", "orders.*.*", false),
+            ("orders.a.b.c", "orders.*.*", false),
+            ("*.*.*", "orders.*.*", true),
+            ("orders.>", "orders", false),
+        ] {
+            assert_eq!(patterns_overlap(a, b), expected, "{a} ~ {b}");
+            assert_eq!(patterns_overlap(b, a), expected, "{b} ~ {a}");
+        }
+    }
 
     #[test]
     fn subjects_match_with_wildcards() {

@@ -102,7 +102,7 @@ fn check_transform(config: &ConsumerConfig, have: &stream::Config) -> anyhow::Re
     if let Some(wide) = have
         .subjects
         .iter()
-        .find(|s| partition::patterns_overlap(s, &partitioned))
+        .find(|s| crate::subjects::patterns_overlap(s, &partitioned))
     {
         anyhow::bail!(
             "consumer {}: stream {} captures `{wide}`, which includes the partitions' own \
