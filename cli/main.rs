@@ -52,7 +52,16 @@ pub enum Command {
     },
     /// Measure throughput and latency side by side with pgbench and the seed's Node consumer
     /// (see docs/benchmark.md); prints a table, then one JSON line.
+    #[cfg(feature = "bench")]
     Bench(idemhost_bench::BenchOptions),
+    /// Measure throughput and latency (docs/benchmark.md): not in this build, which was made
+    /// without the benchmark harness (`--features bench`; scripts/bench.sh asks for it).
+    #[cfg(not(feature = "bench"))]
+    Bench {
+        /// The benchmark's options (see docs/benchmark.md).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Apply the host's migrations (the `processed_message` table) and exit.
     Migrate {
         #[arg(long, env = "IDEMHOST_CONFIG")]
@@ -176,6 +185,7 @@ async fn execute_command(cli: Cli) -> anyhow::Result<()> {
                 )
                 .await
         }
+        #[cfg(feature = "bench")]
         Command::Bench(options) => {
             // Per-delivery lines would cost more than the deliveries: warnings only.
             idemhost::telemetry::init_tracing_at(cli.log_format, "warn");
@@ -252,6 +262,12 @@ async fn execute_command(cli: Cli) -> anyhow::Result<()> {
             println!("{url}: 200 OK");
             Ok(())
         }
+        #[cfg(not(feature = "bench"))]
+        Command::Bench { .. } => anyhow::bail!(
+            "this idemhost was built without the benchmark harness; build it with `cargo build \
+             --release -p idemhost-cli --features bench`, or run scripts/bench.sh, which does \
+             (docs/benchmark.md)"
+        ),
         Command::Plugin { command } => plugin::execute(command).await,
         Command::Check(_)
         | Command::Markers { .. }

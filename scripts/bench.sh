@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 scripts/ensure-build-deps.sh
 TARGET=$(scripts/target-dir.sh)
 scripts/build-plugins.sh rust >/dev/null
-cargo build --quiet --release -p idemhost-cli
+cargo build --quiet --release -p idemhost-cli --features bench
 exec "$TARGET"/release/idemhost bench "$@"

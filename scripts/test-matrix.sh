@@ -77,7 +77,7 @@ PY
 read -r nats_version api_before < <(jetstream_requests)
 commits_before=$(commits)
 echo "== server matrix: PostgreSQL $pg_version, nats-server $nats_version"
-cargo test -p idemhost-cli --features failpoints,otlp --test system -- \
+cargo test -p idemhost-cli --features failpoints,otlp,bench --test system -- \
   seed:: e2e:: chaos:: crash:: ordering:: replicas:: order_flow::five_hundred cluster:: "$@"
 read -r _ api_after < <(jetstream_requests)
 commits=$(($(commits) - commits_before))

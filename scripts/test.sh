@@ -48,8 +48,9 @@ plugins_built() {
   fi
   step "plugins built"
 }
-# failpoints: the crash tests' kill points; otlp: the OTLP export test (both off in releases).
-features=idemhost-cli/failpoints,idemhost-cli/otlp
+# failpoints: the crash tests' kill points; otlp: the OTLP export test; bench: `idemhost bench`,
+# which bench_smoke.rs runs (all three off in releases).
+features=idemhost-cli/failpoints,idemhost-cli/otlp,idemhost-cli/bench
 # The system tests wait on servers and child processes as much as they compute: four at a time
 # keep two cores busy (two left a third of the CPU idle). RUST_TEST_THREADS overrides.
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}

@@ -2,7 +2,7 @@
 //! them sharing `tests/common` and running in parallel against the real PostgreSQL and NATS
 //! (each test in its own schema and stream). Run one suite by its module path:
 //!
-//!   cargo test -p idemhost-cli --features failpoints,otlp --test system wall::
+//!   cargo test -p idemhost-cli --features failpoints,otlp,bench --test system wall::
 //!
 //! One binary links wasmtime, sqlx and libpg_query once, where 31 binaries linked them 31 times.
 //! The one suite that is not here is `tests/group_session.rs`: it switches the SQL gate off for
@@ -16,6 +16,8 @@ mod alloc_attack;
 mod availability;
 mod bad_input;
 mod batch;
+// `idemhost bench` is in the binary only with the `bench` feature (scripts/test.sh asks for it).
+#[cfg(feature = "bench")]
 mod bench_smoke;
 mod chaos;
 mod cli;
