@@ -41,6 +41,44 @@ impl Default for RunOptions {
 pub struct Host {
     config: Config,
     native: HashMap<String, Arc<dyn Handler>>,
+    metrics: Option<HostMetrics>,
+}
+
+/// The host's metrics, held by an embedder that serves them itself (docs/embedding.md): give
+/// the same handle to each [`Host`] it runs ([`Host::with_metrics`]) and its counters go on
+/// across runs; [`HostMetrics::render`] is what `/metrics` would show. Without one, each run
+/// has its own, seen only at `metrics.listen` or `admin.listen`.
+#[derive(Clone, Default)]
+pub struct HostMetrics(Arc<Metrics>);
+
+impl HostMetrics {
+    /// Every metric at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The exposition (OpenMetrics text, ending in `# EOF`), as `/metrics` serves it: the
+    /// counters of every run given this handle, the gauges as the last one left them, the
+    /// plugins of the run in progress.
+    pub fn render(&self) -> String {
+        self.0.render()
+    }
+
+    /// [`HostMetrics::render`] without its final `# EOF` line: to put before an embedder's
+    /// own families in one exposition.
+    pub fn families(&self) -> String {
+        let text = self.0.render();
+        match text.strip_suffix("# EOF\n") {
+            Some(families) => families.to_string(),
+            None => text,
+        }
+    }
+}
+
+impl std::fmt::Debug for HostMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostMetrics")
+    }
 }
 
 impl Host {
@@ -49,7 +87,14 @@ impl Host {
         Host {
             config,
             native: HashMap::new(),
+            metrics: None,
         }
+    }
+
+    /// Records into `metrics`, an embedder's handle, instead of metrics of this run's own.
+    pub fn with_metrics(mut self, metrics: &HostMetrics) -> Self {
+        self.metrics = Some(metrics.clone());
+        self
     }
 
     /// Runs `consumer` with a native Rust handler instead of a WASM plugin.
@@ -66,7 +111,11 @@ impl Host {
         options: RunOptions,
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
-        let Host { config, native } = self;
+        let Host {
+            config,
+            native,
+            metrics,
+        } = self;
         info!(
             version = env!("CARGO_PKG_VERSION"),
             consumers = config.consumers.len(),
@@ -85,7 +134,7 @@ impl Host {
             );
         }
         let readiness = Readiness::default();
-        let metrics = Arc::new(Metrics::new());
+        let metrics = metrics.unwrap_or_default().0;
         readiness.set_metrics(metrics.clone());
         let _admin = match &config.admin.listen {
             Some(listen) => Some(admin::serve(listen, &config.admin, readiness.clone()).await?),
@@ -120,6 +169,9 @@ impl Host {
                 "PostgreSQL connections still in use {CLOSE_POOLS_WITHIN:?} after the consumers stopped; not waiting for them"
             );
         }
+        // The plugins' collector holds this run's plugins (their engine, its ticker thread):
+        // an embedder's handle outlives the run.
+        metrics.set_plugins(None);
         served?;
         info!("idemhost stopped");
         Ok(())
@@ -164,7 +216,7 @@ async fn serve(
     }
     let registry = Arc::new(registry);
     readiness.set_registry(registry.clone());
-    metrics.set_plugins(Box::new(registry::PluginCollector(registry.clone())));
+    metrics.set_plugins(Some(Box::new(registry::PluginCollector(registry.clone()))));
     let runtimes = bind(config, native, pool, failover, &registry, &js, metrics).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -4,8 +4,9 @@
 //!
 //! # Embedding
 //! Build a [`Config`] (or [`Config::load`] a TOML file), optionally give a consumer a native
-//! [`Handler`] with [`Host::with_handler`], and [`Host::run`] until a shutdown future
-//! resolves. A handler gets the [`Message`] and a [`TxHandle`] — the delivery's transaction,
+//! [`Handler`] with [`Host::with_handler`] and the host your [`HostMetrics`] with
+//! [`Host::with_metrics`], and [`Host::run`] until a shutdown future resolves, on your own
+//! tokio runtime (docs/embedding.md; `examples/embedding`). A handler gets the [`Message`] and a [`TxHandle`] — the delivery's transaction,
 //! its only database access — and its result decides the [`Outcome`]. [`Claimer`] runs one
 //! delivery's transaction without a broker (tests, replays).
 //!
@@ -67,7 +68,7 @@ mod tx_handle;
 pub use claim::{CLAIM_SQL, ClaimSettings, Claimer};
 pub use config::{Config, ConsumerConfig, Isolation};
 pub use handler::{HandleFuture, Handler, HandlerError, Message, PluginTimings};
-pub use host::{Host, RunOptions};
+pub use host::{Host, HostMetrics, RunOptions};
 pub use outcome::{Outcome, Processed, Rollback};
 pub use pg::migrate;
 pub use plugin::{

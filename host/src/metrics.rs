@@ -10,7 +10,7 @@
 //! that is down). The sampled gauges appear with their first sample, taken at start.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -325,9 +325,11 @@ impl Metrics {
     }
 
     /// The collector of the plugins' versions and instantiation times `/metrics` shows (set
-    /// once, when they are loaded).
-    pub fn set_plugins(&self, collector: Box<dyn Collector>) {
-        let _ = self.plugins.inner.set(collector);
+    /// when they are loaded; `None` when the run that loaded them ends).
+    pub fn set_plugins(&self, collector: Option<Box<dyn Collector>>) {
+        if let Ok(mut inner) = self.plugins.inner.write() {
+            *inner = collector;
+        }
     }
 
     /// One consumer's handles, resolved once (at bind) so a delivery records without
@@ -582,10 +584,11 @@ impl ConsumerMetrics {
 }
 
 /// A collector registered at start-up and filled in later: the plugins' versions, known once
-/// they are loaded (`registry::PluginCollector`).
+/// they are loaded (`registry::PluginCollector`), and emptied when the run that loaded them
+/// ends (it holds the run's plugins, and with them their engine and its ticker thread).
 #[derive(Default)]
 struct Late {
-    inner: OnceLock<Box<dyn Collector>>,
+    inner: RwLock<Option<Box<dyn Collector>>>,
 }
 
 impl std::fmt::Debug for Late {
@@ -596,9 +599,12 @@ impl std::fmt::Debug for Late {
 
 impl Collector for Late {
     fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        match self.inner.get() {
-            Some(collector) => collector.encode(encoder),
-            None => Ok(()),
+        match self.inner.read() {
+            Ok(inner) => match inner.as_ref() {
+                Some(collector) => collector.encode(encoder),
+                None => Ok(()),
+            },
+            Err(_) => Ok(()),
         }
     }
 }
