@@ -176,14 +176,14 @@ async fn execute_command(cli: Cli) -> anyhow::Result<()> {
         Command::Run { config, no_migrate } => {
             let config = Config::load(&config)?;
             idemhost::telemetry::init_tracing(cli.log_format.or(config.host.log_format));
-            Host::new(config)
+            Ok(Host::new(config)
                 .run(
                     RunOptions {
                         migrate: !no_migrate,
                     },
                     idemhost::telemetry::shutdown_signal(),
                 )
-                .await
+                .await?)
         }
         #[cfg(feature = "bench")]
         Command::Bench(options) => {

@@ -195,7 +195,7 @@ fn consumer<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a ConsumerCo
 }
 
 async fn pool(config: &Config) -> anyhow::Result<sqlx::PgPool> {
-    ops::connect_postgres(&config.postgres, 2).await
+    Ok(ops::connect_postgres(&config.postgres, 2).await?)
 }
 
 fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {

@@ -150,7 +150,7 @@ impl Target {
         };
         let (_client, js) = ops::connect_nats(&nats).await?;
         let plugins = config.map(|c| c.plugins.clone()).unwrap_or_default();
-        NatsStore::open(&js, &plugins).await
+        Ok(NatsStore::open(&js, &plugins).await?)
     }
 }
 

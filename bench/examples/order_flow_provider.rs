@@ -24,5 +24,5 @@ async fn main() -> anyhow::Result<()> {
         )
         .await;
     idemhost::telemetry::shutdown_tracing();
-    result
+    Ok(result?)
 }

@@ -639,7 +639,7 @@ fn start_host(
     host: Host,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
+    tokio::task::JoinHandle<Result<(), idemhost::Error>>,
 ) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(host.run(RunOptions { migrate: false }, async move {
@@ -680,7 +680,7 @@ async fn drain(
             return Err(task
                 .await?
                 .err()
-                .unwrap_or_else(|| anyhow::anyhow!("host stopped")));
+                .map_or_else(|| anyhow::anyhow!("host stopped"), anyhow::Error::from));
         }
         let Ok(info) = stream.consumer_info(CONSUMER).await else {
             continue;

@@ -15,7 +15,9 @@ pub use consumer::{
     MAX_PLUGIN_CONFIG_VALUE, OrderingConfig, is_kv_key, is_plain_identifier,
 };
 use defaults::*;
-pub use defaults::{DEFAULT_BATCH_LINGER, DEFAULT_BATCH_LOCK_TIMEOUT, DEFAULT_BATCH_MAX};
+pub use defaults::{
+    DEFAULT_BATCH_LINGER, DEFAULT_BATCH_LOCK_TIMEOUT, DEFAULT_BATCH_MAX, DEFAULT_COMPILE_CACHE_MAX,
+};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]

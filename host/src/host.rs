@@ -110,6 +110,30 @@ impl Host {
         self,
         options: RunOptions,
         shutdown: impl Future<Output = ()>,
+    ) -> Result<(), crate::Error> {
+        self.run_anyhow(options, shutdown).await.map_err(|e| {
+            // The first cause that says which side failed; the configuration's and the
+            // plugins' errors are known here.
+            let kind = e.chain().find_map(|cause| {
+                if cause.is::<crate::config::ConfigError>() {
+                    Some(crate::ErrorKind::Config)
+                } else if cause.is::<crate::plugin::PluginError>() {
+                    Some(crate::ErrorKind::Plugin)
+                } else {
+                    crate::error::kind_of(cause)
+                }
+            });
+            match kind {
+                Some(kind) => crate::Error::of_kind(e, kind),
+                None => e.into(),
+            }
+        })
+    }
+
+    async fn run_anyhow(
+        self,
+        options: RunOptions,
+        shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let Host {
             config,

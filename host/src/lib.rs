@@ -18,8 +18,9 @@
 //!
 //! # Layout, bottom up (a module uses only the ones listed before it; `scripts/module-graph.sh`
 //! checks it)
-//! - `config`, `subjects`, `headers`, `outcome`, `clock`, `histogram`, `failpoint`, `metrics`:
-//!   the configuration and the types and counters everything shares.
+//! - `error` (the library's [`Error`]), `config`, `subjects`, `headers`, `outcome`, `clock`,
+//!   `histogram`, `failpoint`, `metrics`: the configuration and the types and counters
+//!   everything shares.
 //! - `sql_gate`: what handler SQL may do. `pg`: the pool, migrations, the plugin role's wall,
 //!   the one classification of database errors. `outbox`: events published through the
 //!   transaction, and their relay.
@@ -43,6 +44,7 @@ mod admin;
 mod claim;
 mod clock;
 pub mod config;
+mod error;
 mod failpoint;
 mod handler;
 pub mod headers;
@@ -67,6 +69,7 @@ mod tx_handle;
 
 pub use claim::{CLAIM_SQL, ClaimSettings, Claimer};
 pub use config::{Config, ConsumerConfig, Isolation};
+pub use error::{Error, ErrorKind};
 pub use handler::{HandleFuture, Handler, HandlerError, Message, PluginTimings};
 pub use host::{Host, HostMetrics, RunOptions};
 pub use outcome::{Outcome, Processed, Rollback};

@@ -178,7 +178,10 @@ pub(crate) fn schema_login(schema: Option<&str>) -> LoginSettings {
 /// Opens the pool and checks one connection, so an unreachable server is reported at start-up
 /// with its (redacted) URL rather than at the first message. Of several servers, the first that
 /// offers the session `target_session_attrs` asks for (`failover`).
-pub async fn connect(config: &PostgresConfig, max_connections: u32) -> anyhow::Result<PgPool> {
+pub async fn connect(
+    config: &PostgresConfig,
+    max_connections: u32,
+) -> Result<PgPool, crate::Error> {
     Ok(connect_following(config, max_connections).await?.0)
 }
 
@@ -201,7 +204,9 @@ pub(crate) async fn connect_following(
         Ok(pool) => pool,
         Err(e) => {
             let why = connect_failure(&e, &failover.options(), &login).await;
-            anyhow::bail!("failed to connect to PostgreSQL at {shown}: {why}");
+            let why =
+                why.reword(|why| format!("failed to connect to PostgreSQL at {shown}: {why}"));
+            return Err(why.into());
         }
     };
     failover.follow(&pool);
@@ -217,7 +222,7 @@ pub(crate) async fn connect_failure(
     error: &sqlx::Error,
     options: &PgConnectOptions,
     login: &[(&'static str, String)],
-) -> String {
+) -> crate::error::Cause {
     use sqlx::ConnectOptions as _;
     let attempt;
     let error = match error {
@@ -232,10 +237,11 @@ pub(crate) async fn connect_failure(
             match &attempt {
                 Ok(Err(cause)) => cause,
                 Ok(Ok(_)) | Err(_) => {
-                    return format!(
+                    let text = format!(
                         "{error} (no connection within postgres.acquire_timeout; the server answers \
                          now: it may be starting, or at max_connections)"
                     );
+                    return crate::error::Cause::database(error, text);
                 }
             }
         }
@@ -263,7 +269,7 @@ pub(crate) async fn connect_failure(
         },
         _ => "",
     };
-    format!("{}{hint}", describe(error))
+    crate::error::Cause::database(error, format!("{}{hint}", describe(error)))
 }
 
 /// The host's own migrations (`migrations/`), embedded in the binary. Without sqlx's lock: that
@@ -280,7 +286,12 @@ pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
 /// (`_sqlx_migrations`, one per schema), which no plugin role may touch (see
 /// `crate::sql_gate::HOST_RELATIONS`); `SHARE UPDATE EXCLUSIVE` conflicts with itself and not
 /// with the rows the migrator writes there from its own connection.
-pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
+pub async fn migrate(pool: &PgPool, schema: Option<&str>) -> Result<(), crate::Error> {
+    Ok(migrate_releasing(pool, schema).await?)
+}
+
+/// [`migrate`], in the crate's own error handling.
+async fn migrate_releasing(pool: &PgPool, schema: Option<&str>) -> anyhow::Result<()> {
     let mut lock = migrate_holding(pool, schema).await?;
     sqlx::query("COMMIT")
         .execute(&mut lock)
@@ -305,7 +316,10 @@ pub(crate) async fn migrate_holding(
         .bind(schema)
         .fetch_one(pool)
         .await
-        .map_err(|e| anyhow::anyhow!("failed to look for schema {schema}: {}", describe(&e)))?,
+        .map_err(|e| {
+            let text = format!("failed to look for schema {schema}: {}", describe(&e));
+            crate::error::Cause::database(&e, text)
+        })?,
         None => false,
     };
     if let Some(schema) = schema.filter(|_| missing) {
@@ -315,7 +329,10 @@ pub(crate) async fn migrate_holding(
         )))
         .execute(pool)
         .await
-        .map_err(|e| anyhow::anyhow!("failed to create schema {schema}: {}", describe(&e)))?;
+        .map_err(|e| {
+            let text = format!("failed to create schema {schema}: {}", describe(&e));
+            crate::error::Cause::database(&e, text)
+        })?;
     }
     let mut attempt = 1;
     let lock = loop {
@@ -438,7 +455,9 @@ mod tests {
         drop(closed);
         let options =
             connect_options(&format!("postgres://x@127.0.0.1:{port}/x"), None, "t").unwrap();
-        let why = connect_failure(&sqlx::Error::PoolTimedOut, &options, &[]).await;
+        let why = connect_failure(&sqlx::Error::PoolTimedOut, &options, &[])
+            .await
+            .to_string();
         assert!(
             why.contains("refused") && why.contains("is PostgreSQL running"),
             "{why}"

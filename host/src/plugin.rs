@@ -144,12 +144,16 @@ impl Default for PoolSizing {
 
 impl PluginRuntime {
     /// A runtime with the default pool (64 concurrent instances of up to 64 MiB).
-    pub fn new() -> anyhow::Result<Self> {
+    pub fn new() -> Result<Self, crate::Error> {
         Self::with_pool(PoolSizing::default())
     }
 
     /// A runtime whose instance pool is sized by `pool`.
-    pub fn with_pool(pool: PoolSizing) -> anyhow::Result<Self> {
+    pub fn with_pool(pool: PoolSizing) -> Result<Self, crate::Error> {
+        Ok(Self::engine_with_pool(pool)?)
+    }
+
+    fn engine_with_pool(pool: PoolSizing) -> anyhow::Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);

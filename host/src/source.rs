@@ -40,7 +40,7 @@ pub(crate) use settle::read_message;
 /// by `nats.request_timeout`.
 pub async fn connect_nats(
     config: &crate::config::NatsConfig,
-) -> anyhow::Result<(async_nats::Client, async_nats::jetstream::Context)> {
+) -> crate::error::Result<(async_nats::Client, async_nats::jetstream::Context)> {
     // Several servers (a cluster) are comma-separated; the client tries them in turn and then
     // also the ones the cluster announces.
     let servers: Vec<&str> = config

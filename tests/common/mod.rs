@@ -611,7 +611,7 @@ pub async fn wait_exit(
 /// A host running in this process until `stop`.
 pub struct RunningHost {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), idemhost::Error>>,
 }
 
 impl RunningHost {

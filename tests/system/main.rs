@@ -30,6 +30,7 @@ mod container;
 mod crash;
 mod docs;
 mod e2e;
+mod errors;
 mod gate_vs_postgres;
 mod header_gate_vs_nats;
 mod hostile;

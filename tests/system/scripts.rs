@@ -105,6 +105,17 @@ fn no_script_spells_a_cargo_output_path() {
     assert!(found.is_empty(), "{found:#?}");
 }
 
+/// The library's top-level modules form layers: no module uses one that uses it back, however
+/// indirectly (`scripts/module-graph.sh`, which reads the sources). `config` used a constant
+/// of `plugin` once, which closed a circle through `pg`, `outbox` and `tx_handle`.
+#[test]
+fn the_librarys_modules_have_no_dependency_circle() {
+    let out = run_ok(Command::new("bash").arg(root().join("scripts/module-graph.sh")));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" 0 dependency circle(s)"), "{text}");
+    assert!(text.contains("layers (bottom first"), "{text}");
+}
+
 /// `scripts/demo.sh` in a network namespace with only loopback up (nothing answers at any
 /// address), with the binaries this test run built (target/<profile>/idemhost and examples/).
 fn demo_where_nothing_answers() -> Command {

@@ -80,8 +80,11 @@ pub(super) fn default_max_upload() -> ByteSize {
     ByteSize(128 << 20)
 }
 
+/// The default bound of a compile cache directory's artifacts (`plugins.compile_cache_max`).
+pub const DEFAULT_COMPILE_CACHE_MAX: u64 = 512 << 20;
+
 pub(super) fn default_compile_cache_max() -> ByteSize {
-    ByteSize(crate::plugin::DEFAULT_COMPILE_CACHE_MAX)
+    ByteSize(DEFAULT_COMPILE_CACHE_MAX)
 }
 
 pub(super) fn default_version_bucket() -> String {

@@ -553,11 +553,15 @@ pub async fn role_pool(
         Ok(pool) => pool,
         Err(e) => {
             let why = super::connect_failure(&e, &options, &checked).await;
-            anyhow::bail!(
-                "failed to connect to PostgreSQL as the plugin role {role}: {why} (the role needs \
-                 LOGIN and an entry in pg_hba.conf; set consumer.role_password if the server \
-                 asks for one)"
-            );
+            return Err(why
+                .reword(|why| {
+                    format!(
+                        "failed to connect to PostgreSQL as the plugin role {role}: {why} (the \
+                         role needs LOGIN and an entry in pg_hba.conf; set consumer.role_password \
+                         if the server asks for one)"
+                    )
+                })
+                .into());
         }
     };
     failover.follow(&pool);

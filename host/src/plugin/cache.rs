@@ -21,8 +21,8 @@ use wasmtime::component::Component;
 /// First bytes of every artifact file, then the SHA-256 of the body, then the body.
 const MAGIC: &[u8; 16] = b"idemhost-cwasm1\n";
 
-/// The default bound of a compile cache directory's artifacts.
-pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
+/// The default bound of a compile cache directory's artifacts (the configuration's default).
+pub use crate::config::DEFAULT_COMPILE_CACHE_MAX as DEFAULT_MAX_BYTES;
 /// An artifact used (loaded or written) more recently than this is never evicted.
 pub(crate) const DEFAULT_MIN_IDLE: std::time::Duration = std::time::Duration::from_secs(3600);
 

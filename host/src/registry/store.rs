@@ -39,7 +39,10 @@ pub struct NatsStore {
 
 impl NatsStore {
     /// Opens (creating if missing) the configured KV bucket and object store.
-    pub async fn open(js: &jetstream::Context, config: &PluginsConfig) -> anyhow::Result<Self> {
+    pub async fn open(
+        js: &jetstream::Context,
+        config: &PluginsConfig,
+    ) -> crate::error::Result<Self> {
         // Another replica may create a bucket between our lookup and our create: look again.
         let objects = match js.get_object_store(&config.object_bucket).await {
             Ok(o) => o,
@@ -105,17 +108,22 @@ impl NatsStore {
         consumer: &str,
         bytes: &[u8],
         source: &str,
-    ) -> anyhow::Result<Pointer> {
+    ) -> crate::error::Result<Pointer> {
         let digest = self.store(bytes).await?;
-        self.point(consumer, &digest, source).await
+        Ok(self.point(consumer, &digest, source).await?)
     }
 
     /// Makes `bytes` the first version of `consumer` unless it has one: a host starting from
     /// its `plugin` file seeds the store, so the fleet shares that version from then on (and
     /// can roll back to it). Only one seed wins; `false` when another was there first.
-    pub async fn seed(&self, consumer: &str, bytes: &[u8], source: &str) -> anyhow::Result<bool> {
+    pub async fn seed(
+        &self,
+        consumer: &str,
+        bytes: &[u8],
+        source: &str,
+    ) -> crate::error::Result<bool> {
         let digest = self.store(bytes).await?;
-        let value = serde_json::to_vec(&pointer(&digest, source))?;
+        let value = serde_json::to_vec(&pointer(&digest, source)).map_err(anyhow::Error::from)?;
         Ok(self.versions.create(consumer, value.into()).await.is_ok())
     }
 
@@ -142,7 +150,7 @@ impl NatsStore {
     }
 
     /// The pointer `consumer` follows now, if any.
-    pub async fn pointer(&self, consumer: &str) -> anyhow::Result<Option<Pointer>> {
+    pub async fn pointer(&self, consumer: &str) -> crate::error::Result<Option<Pointer>> {
         let entry = self
             .versions
             .entry(consumer)
@@ -152,7 +160,7 @@ impl NatsStore {
     }
 
     /// The consumers that have a pointer.
-    pub async fn consumers(&self) -> anyhow::Result<Vec<String>> {
+    pub async fn consumers(&self) -> crate::error::Result<Vec<String>> {
         let keys = self
             .versions
             .keys()
@@ -164,7 +172,7 @@ impl NatsStore {
     }
 
     /// Every pointer `consumer` had, oldest first (as deep as the bucket's history).
-    pub async fn history(&self, consumer: &str) -> anyhow::Result<Vec<Pointer>> {
+    pub async fn history(&self, consumer: &str) -> crate::error::Result<Vec<Pointer>> {
         let mut entries = self
             .versions
             .history(consumer)
@@ -180,7 +188,7 @@ impl NatsStore {
     }
 
     /// Points `consumer` back at the digest it had before the current one.
-    pub async fn rollback(&self, consumer: &str) -> anyhow::Result<Pointer> {
+    pub async fn rollback(&self, consumer: &str) -> crate::error::Result<Pointer> {
         let history = self.history(consumer).await?;
         let current = history
             .last()
@@ -192,11 +200,11 @@ impl NatsStore {
             .with_context(|| {
                 format!("{consumer} has no previous version in the store's history")
             })?;
-        self.point(consumer, &previous.digest, "rollback").await
+        Ok(self.point(consumer, &previous.digest, "rollback").await?)
     }
 
     /// The component with `digest`, checked against it.
-    pub async fn fetch(&self, digest: &str) -> anyhow::Result<Vec<u8>> {
+    pub async fn fetch(&self, digest: &str) -> crate::error::Result<Vec<u8>> {
         let mut object = self
             .objects
             .get(digest)
@@ -208,11 +216,13 @@ impl NatsStore {
             .await
             .with_context(|| format!("failed to read {digest} from {}", self.object_bucket))?;
         let actual = format!("sha256:{:x}", Sha256::digest(&bytes));
-        anyhow::ensure!(
-            actual == digest,
-            "{} holds {actual} under the name {digest}",
-            self.object_bucket
-        );
+        if actual != digest {
+            return Err(anyhow::anyhow!(
+                "{} holds {actual} under the name {digest}",
+                self.object_bucket
+            )
+            .into());
+        }
         Ok(bytes)
     }
 
