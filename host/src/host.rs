@@ -47,7 +47,9 @@ pub struct Host {
 /// The host's metrics, held by an embedder that serves them itself (docs/embedding.md): give
 /// the same handle to each [`Host`] it runs ([`Host::with_metrics`]) and its counters go on
 /// across runs; [`HostMetrics::render`] is what `/metrics` would show. Without one, each run
-/// has its own, seen only at `metrics.listen` or `admin.listen`.
+/// has its own, seen only at `metrics.listen` or `admin.listen`. One running host at a time
+/// per handle: the plugins' metrics are those of the run that loaded them last, and a run that
+/// ends drops them.
 #[derive(Clone, Default)]
 pub struct HostMetrics(Arc<Metrics>);
 
