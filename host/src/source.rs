@@ -493,3 +493,39 @@ const GATHER_CREDITS_FOR: Duration = Duration::from_millis(20);
 fn pull_credits(config: &ConsumerConfig) -> usize {
     config.max_in_flight as usize * 2 * config.batch_max().max(1) as usize
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Credits bound what is pulled and not settled: two rounds of `max_in_flight` deliveries,
+    /// or of groups of `batch_max`; ordering's waiting room is its `max_waiting`, none without.
+    #[test]
+    fn pull_credits_cover_two_rounds_of_what_may_run_at_once() {
+        let consumer = |extra: &str| {
+            let text = format!(
+                "[postgres]\nurl = \"postgres://h/d\"\n[[consumer]]\nname = \"c\"\nstream = \"S\"\nplugin = \"x.wasm\"\n{extra}"
+            );
+            let config = crate::Config::from_toml(
+                &text,
+                std::iter::empty(),
+                "t.toml".as_ref(),
+                ".".as_ref(),
+            )
+            .unwrap();
+            config.consumers[0].clone()
+        };
+        for (extra, credits) in [
+            ("max_in_flight = 1\nbatch_max = 1", 2),
+            ("max_in_flight = 16\nbatch_max = 1", 32),
+            ("max_in_flight = 4\nbatch_max = 16", 128),
+            (
+                "max_in_flight = 16",
+                2 * 16 * crate::config::DEFAULT_BATCH_MAX as usize,
+            ),
+        ] {
+            assert_eq!(pull_credits(&consumer(extra)), credits, "{extra}");
+        }
+        assert_eq!(max_waiting(&consumer("batch_max = 1")), 0);
+    }
+}
