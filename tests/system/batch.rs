@@ -480,3 +480,65 @@ async fn groups_locking_rows_in_opposite_orders_give_up_the_wait_not_deadlock() 
     assert_eq!(env.reserved("sku-b").await, 2);
     env.cleanup().await;
 }
+
+/// With the SQL gate on, a plugin still reaches session state through a function of the
+/// operator's that the gate admits (its name is no refused one): `SELECT leave_state()` sets a
+/// setting for the session, takes a session advisory lock, makes a temporary table and
+/// LISTENs. The next delivery of the same group sees none of it: the gate is a guard, and the
+/// clearing between deliveries is what holds (which is why the gate cannot stand in for it to
+/// save its cost: docs/benchmark.md). The same function called from a per-message delivery is
+/// cleared at its commit (`kept_connections.rs`).
+#[tokio::test]
+async fn an_operators_function_cannot_carry_session_state_to_the_next_delivery_of_a_group() {
+    let env = TestEnv::new("batch_fn_state").await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    env.execute(
+        "CREATE FUNCTION leave_state() RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM pg_catalog.set_config('work_mem', '1MB', false);
+             PERFORM pg_catalog.pg_advisory_lock(4243);
+             CREATE TEMP TABLE IF NOT EXISTS leftover (a int);
+             EXECUTE 'LISTEN leftover';
+             RETURN 1;
+         END $$",
+    )
+    .await;
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let c = env
+        .plugin_claimer(
+            ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
+            &["inventory"],
+        )
+        .await;
+    let leave = r#"{"steps":[{"query":"SELECT leave_state()"}]}"#;
+    // 64, plus one bit for each kind of state still there.
+    let sql = "UPDATE inventory SET reserved = 64 \
+        + (current_setting('work_mem') = '1MB')::int \
+        + 4 * (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())::int \
+        + 8 * (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema())::int \
+        + 32 * (SELECT count(*) FROM pg_listening_channels())::int \
+        WHERE sku = 'sku-1'";
+    let record = serde_json::json!({"steps": [{"execute": sql}]}).to_string();
+    let results = c
+        .process_batch(
+            plugin.as_ref(),
+            &[
+                message("leaves-state", leave),
+                message("records-state", &record),
+            ],
+        )
+        .await;
+    assert!(
+        results
+            .iter()
+            .all(|p| p.outcome == Outcome::Applied && p.tx_attempts == 1),
+        "one group, the gate admitting the call: {results:?}"
+    );
+    assert_eq!(
+        env.reserved("sku-1").await,
+        64,
+        "the second handler saw state the first one left through the function (bits: 1 work_mem, \
+         4 advisory lock, 8 temp table, 32 LISTEN)"
+    );
+    env.cleanup().await;
+}
