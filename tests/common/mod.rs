@@ -689,3 +689,33 @@ pub fn replayed(h: &mut async_nats::HeaderMap, key: &str, id: &str) {
     let signature = idemhost::headers::replay_signature(key, id, &from);
     h.insert(REPLAY_SIGNATURE_HEADER, signature.as_str());
 }
+
+/// One group of two deliveries on `c`: `leave` (a testkit script), then one that records as
+/// `sku-1`'s `reserved` 64 plus the `bits` (SQL terms, one per kind of session state it still
+/// sees); both must apply in the one transaction. What it recorded: 64 when nothing carried over.
+pub async fn what_the_next_delivery_of_a_group_sees(
+    env: &TestEnv,
+    c: &idemhost::Claimer,
+    plugin: &idemhost::WasmHandler,
+    leave: &str,
+    bits: &str,
+) -> i64 {
+    let sql = format!("UPDATE inventory SET reserved = 64 {bits} WHERE sku = 'sku-1'");
+    let record = serde_json::json!({"steps": [{"execute": sql}]}).to_string();
+    let results = c
+        .process_batch(
+            plugin,
+            &[
+                message("leaves-state", leave),
+                message("records-state", &record),
+            ],
+        )
+        .await;
+    assert!(
+        results
+            .iter()
+            .all(|p| p.outcome == idemhost::Outcome::Applied && p.tx_attempts == 1),
+        "one group: {results:?}"
+    );
+    env.reserved("sku-1").await
+}
