@@ -27,16 +27,7 @@ async fn ungated(tag: &str) -> (TestEnv, Arc<WasmHandler>, Claimer) {
         // `a_plugin_that_knows_the_savepoint_name_cannot_undo_a_claim`).
         std::env::set_var("IDEMHOST_TEST_SAVEPOINT_NAME", "idemhost_known");
     });
-    let env = TestEnv::new(tag).await;
-    env.seed_inventory(&[("sku-1", 1_000)]).await;
-    let plugin = load_plugin("testkit", Duration::from_secs(5));
-    let c = env
-        .plugin_claimer(
-            ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
-            &["inventory"],
-        )
-        .await;
-    (env, plugin, c)
+    testkit_behind_the_wall(tag).await
 }
 
 #[tokio::test]

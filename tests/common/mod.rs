@@ -690,6 +690,23 @@ pub fn replayed(h: &mut async_nats::HeaderMap, key: &str, id: &str) {
     h.insert(REPLAY_SIGNATURE_HEADER, signature.as_str());
 }
 
+/// A schema with `sku-1` in stock, the testkit plugin and a claimer of consumer `testkit-v1`
+/// behind the plugin wall (its role granted `inventory`).
+pub async fn testkit_behind_the_wall(
+    tag: &str,
+) -> (TestEnv, Arc<idemhost::WasmHandler>, idemhost::Claimer) {
+    let env = TestEnv::new(tag).await;
+    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let plugin = load_plugin("testkit", Duration::from_secs(5));
+    let c = env
+        .plugin_claimer(
+            idemhost::ClaimSettings::new("testkit-v1", idemhost::Isolation::ReadCommitted),
+            &["inventory"],
+        )
+        .await;
+    (env, plugin, c)
+}
+
 /// One group of two deliveries on `c`: `leave` (a testkit script), then one that records as
 /// `sku-1`'s `reserved` 64 plus the `bits` (SQL terms, one per kind of session state it still
 /// sees); both must apply in the one transaction. What it recorded: 64 when nothing carried over.

@@ -490,8 +490,7 @@ async fn groups_locking_rows_in_opposite_orders_give_up_the_wait_not_deadlock() 
 /// cleared at its commit (`kept_connections.rs`).
 #[tokio::test]
 async fn an_operators_function_cannot_carry_session_state_to_the_next_delivery_of_a_group() {
-    let env = TestEnv::new("batch_fn_state").await;
-    env.seed_inventory(&[("sku-1", 1_000)]).await;
+    let (env, plugin, c) = testkit_behind_the_wall("batch_fn_state").await;
     env.execute(
         "CREATE FUNCTION leave_state() RETURNS int LANGUAGE plpgsql AS $$
          BEGIN
@@ -503,13 +502,6 @@ async fn an_operators_function_cannot_carry_session_state_to_the_next_delivery_o
          END $$",
     )
     .await;
-    let plugin = load_plugin("testkit", Duration::from_secs(5));
-    let c = env
-        .plugin_claimer(
-            ClaimSettings::new(CONSUMER, Isolation::ReadCommitted),
-            &["inventory"],
-        )
-        .await;
     let leave = r#"{"steps":[{"query":"SELECT leave_state()"}]}"#;
     // One bit for each kind of state still there.
     let bits = "+ (current_setting('work_mem') = '1MB')::int \
