@@ -39,13 +39,14 @@ use sqlx::PgPool;
 use tracing::{Instrument, debug, info_span};
 
 use crate::config::{ConsumerConfig, Isolation};
+use crate::disposition::{self, AfterAttempt};
 use crate::failpoint;
 use crate::handler::{Handler, HandlerError, Message};
 use crate::outbox::Origin;
-use crate::pg::{self, Begin, Connections, FailureKind, Tx, Wall};
+use crate::pg::{self, Begin, Connections, Tx, Wall};
 use crate::tx_handle::{Deadline, TxHandle};
 
-pub(crate) use crate::outcome::{Outcome, Processed, Rollback};
+pub(crate) use crate::outcome::{Failure, FailureKind, Outcome, Processed, Rollback};
 
 /// The pattern's claim statement, verbatim: one row back means this transaction owns the
 /// message, none means a committed duplicate. The host runs it inside the `SECURITY DEFINER`
@@ -174,64 +175,28 @@ pub(crate) struct Rehearsal {
     pub(crate) commit: bool,
 }
 
-/// Why an attempt did not commit.
-struct AttemptFailure {
-    kind: FailureKind,
-    cause: Rollback,
-    reason: String,
-    /// A lock wait was given up ([`pg::lock_not_available`]): in a group-commit transaction,
-    /// that abandons the group like a conflict.
-    lock_wait: bool,
-    /// The server was away or read-only ([`pg::server_unavailable`]): the attempt may wait for
-    /// it and run again without counting ([`Claimer::wait_for_database`]).
-    unavailable: bool,
-}
-
-impl AttemptFailure {
-    fn db(context: &str, e: &sqlx::Error) -> Self {
-        let kind = pg::classify(e);
-        AttemptFailure {
-            kind,
-            cause: Self::cause_of(kind),
-            reason: format!("{context}: {}", pg::describe(e)),
-            lock_wait: pg::lock_not_available(e),
-            unavailable: pg::server_unavailable(e),
-        }
-    }
-
-    /// The cause of a failed statement of the given kind.
-    fn cause_of(kind: FailureKind) -> Rollback {
-        match kind {
-            FailureKind::RetryTransaction => Rollback::Conflict,
-            _ => Rollback::Database,
-        }
-    }
+/// The failure of a statement the claim pipeline sent: `context` and the server's words.
+fn db_failure(context: &str, e: &sqlx::Error) -> Failure {
+    pg::failure(format!("{context}: {}", pg::describe(e)), e)
 }
 
 /// Whether a handler's attempt must roll back, from its answer and the first database error
 /// it saw.
-fn judge(
-    result: Result<(), HandlerError>,
-    poison: Option<crate::tx_handle::Poison>,
-) -> Option<AttemptFailure> {
+fn judge(result: Result<(), HandlerError>, poison: Option<Failure>) -> Option<Failure> {
     // A serialization failure inside the handler retries the whole transaction whatever
-    // the handler answered, a statement past the server's limits fails for good; otherwise the handler's own error wins; an `Ok` after a
-    // database error is never committed (the transaction is aborted in PostgreSQL).
+    // the handler answered, a statement past the server's limits fails for good; otherwise the
+    // handler's own error wins; an `Ok` after a database error is never committed (the
+    // transaction is aborted in PostgreSQL).
     match (result, poison) {
-        (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(AttemptFailure {
-            kind: p.kind,
+        (_, Some(p)) if p.kind == FailureKind::RetryTransaction => Some(Failure {
             cause: Rollback::Conflict,
-            reason: p.reason,
-            lock_wait: p.lock_wait,
-            unavailable: p.unavailable,
+            ..p
         }),
         // Past the server's own limits: running it again costs the server as much again.
-        (_, Some(p)) if p.past_limits => Some(AttemptFailure {
+        (_, Some(p)) if p.past_limits => Some(Failure {
             kind: FailureKind::Terminal,
             cause: Rollback::Database,
-            reason: p.reason,
-            lock_wait: p.lock_wait,
-            unavailable: p.unavailable,
+            ..p
         }),
         (Err(e), poison) => {
             let (kind, cause, reason) = match e {
@@ -240,26 +205,21 @@ fn judge(
                 }
                 HandlerError::Terminal(r) => (FailureKind::Terminal, Rollback::HandlerTerminal, r),
             };
-            // A handler passing on a failed statement's error: the database is the cause.
-            let cause = if poison.is_some() {
-                Rollback::Database
-            } else {
-                cause
-            };
-            Some(AttemptFailure {
-                kind,
-                cause,
-                reason,
-                lock_wait: poison.as_ref().is_some_and(|p| p.lock_wait),
-                unavailable: poison.is_some_and(|p| p.unavailable),
+            Some(match poison {
+                // A handler passing on a failed statement's error: the database is the cause,
+                // the handler's answer the kind and the text.
+                Some(p) => Failure {
+                    kind,
+                    cause: Rollback::Database,
+                    reason,
+                    ..p
+                },
+                None => Failure::new(kind, cause, reason),
             })
         }
-        (Ok(()), Some(p)) => Some(AttemptFailure {
-            kind: p.kind,
-            cause: AttemptFailure::cause_of(p.kind),
+        (Ok(()), Some(p)) => Some(Failure {
             reason: format!("handler returned ok after a database error: {}", p.reason),
-            lock_wait: p.lock_wait,
-            unavailable: p.unavailable,
+            ..p
         }),
         (Ok(()), None) => None,
     }
@@ -326,7 +286,7 @@ impl Claimer {
     }
 
     /// The host key and function names, read once from the host's pool.
-    async fn wall(&self) -> Result<Arc<Wall>, AttemptFailure> {
+    async fn wall(&self) -> Result<Arc<Wall>, Failure> {
         self.wall
             .get_or_try_init(|| async {
                 let s = &self.settings;
@@ -342,9 +302,9 @@ impl Claimer {
             })
             .await
             .cloned()
-            .map_err(|e| AttemptFailure {
+            .map_err(|e| Failure {
                 cause: Rollback::Connection,
-                ..AttemptFailure::db("failed to read the host key", &e)
+                ..db_failure("failed to read the host key", &e)
             })
     }
 
@@ -405,46 +365,39 @@ impl Claimer {
                 .attempt(handler, msg, &mut timing)
                 .instrument(span)
                 .await;
-            let done = |outcome, rollback| Processed {
+            let done = |outcome, failure: Option<Failure>| Processed {
                 outcome,
                 tx_attempts: attempt,
                 claim_time: timing.claim,
                 tx_time: started.elapsed(),
                 handler_time: timing.handler,
-                rollback,
+                rollback: failure.as_ref().map(Failure::cause),
                 database_waits,
+                failure,
             };
-            match result {
+            let f = match result {
                 Ok(outcome) => return done(outcome, None),
-                Err(f)
-                    if f.unavailable
-                        && f.kind != FailureKind::Terminal
-                        && self.wait_for_database(&mut wait_left, &f.reason).await =>
-                {
-                    // The same attempt again: the server was away, not the message at fault.
+                Err(f) => f,
+            };
+            let max = self.settings.tx_max_attempts;
+            let mut next = disposition::after_attempt(&f, attempt, max, true);
+            if next == AfterAttempt::WaitForDatabase {
+                if self.wait_for_database(&mut wait_left, &f.reason).await {
                     database_waits += 1;
+                    continue;
                 }
-                Err(f) => match f.kind {
-                    FailureKind::RetryTransaction if attempt < self.settings.tx_max_attempts => {
-                        let delay = self.retry_delay(attempt);
-                        debug!(reason = %f.reason, attempt, ?delay, "transaction retry");
-                        tokio::time::sleep(delay).await;
-                        attempt += 1;
-                    }
-                    FailureKind::RetryTransaction => {
-                        let reason = format!(
-                            "{} (gave up after {attempt} transaction attempts)",
-                            f.reason
-                        );
-                        return done(Outcome::RetryableFailure(reason), Some(f.cause));
-                    }
-                    FailureKind::Retryable => {
-                        return done(Outcome::RetryableFailure(f.reason), Some(f.cause));
-                    }
-                    FailureKind::Terminal => {
-                        return done(Outcome::TerminalFailure(f.reason), Some(f.cause));
-                    }
-                },
+                next = disposition::after_attempt(&f, attempt, max, false);
+            }
+            match next {
+                AfterAttempt::RetryTransaction => {
+                    let delay = self.retry_delay(attempt);
+                    debug!(reason = %f.reason, attempt, ?delay, "transaction retry");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                AfterAttempt::Settle(outcome) => return done(outcome, Some(f)),
+                // Not an answer with waiting used up; as `Settle` would be.
+                AfterAttempt::WaitForDatabase => return done(f.outcome(), Some(f)),
             }
         }
     }
@@ -465,7 +418,7 @@ impl Claimer {
         handler: &dyn Handler,
         msg: &Message,
         timing: &mut Timing,
-    ) -> Result<Outcome, AttemptFailure> {
+    ) -> Result<Outcome, Failure> {
         if let Some(r) = &self.rehearsal {
             r.trace.new_attempt();
         }
@@ -482,7 +435,7 @@ impl Claimer {
             Err(Begin::First(mut tx, e)) => {
                 tx.note_failure(&e);
                 rollback(tx, &wall).await;
-                return Err(AttemptFailure::db("failed to claim marker", &e));
+                return Err(db_failure("failed to claim marker", &e));
             }
             Err(Begin::Refused(e)) => return Err(not_begun(&e)),
         };
@@ -490,7 +443,7 @@ impl Claimer {
             return self
                 .finish(tx, &wall, Outcome::Duplicate)
                 .await
-                .map_err(|e| AttemptFailure::db("failed to commit duplicate", &e));
+                .map_err(|e| db_failure("failed to commit duplicate", &e));
         }
         let (tx, failure) = self
             .lend(tx, &wall, backend_pid, handler, msg, timing)
@@ -502,7 +455,7 @@ impl Claimer {
         failpoint::hit("before_commit");
         self.finish(tx, &wall, Outcome::Applied)
             .await
-            .map_err(|e| AttemptFailure::db("failed to commit", &e))
+            .map_err(|e| db_failure("failed to commit", &e))
     }
 
     /// Commits a transaction that reached `outcome` — or, in a rehearsal not told to commit,
@@ -516,7 +469,7 @@ impl Claimer {
     }
 
     /// Opens a transaction with `begin` (one of the wall's `BEGIN` statements).
-    async fn begin_with(&self, begin: &str) -> Result<Tx, AttemptFailure> {
+    async fn begin_with(&self, begin: &str) -> Result<Tx, Failure> {
         self.connections
             .begin(begin)
             .await
@@ -604,7 +557,7 @@ impl Claimer {
         handler: &dyn Handler,
         msg: &Message,
         timing: &mut Timing,
-    ) -> Result<(Tx, Option<AttemptFailure>), AttemptFailure> {
+    ) -> Result<(Tx, Option<Failure>), Failure> {
         failpoint::hit("after_claim");
         let origin = Origin::new(&self.settings.consumer_name, &msg.id, &msg.headers)
             .allowing(self.settings.publish_subjects.clone())
@@ -624,25 +577,26 @@ impl Claimer {
             .await;
         timing.handler = Some(started.elapsed());
         let (tx, poison) = handle.take().await;
-        let tx = tx.ok_or_else(|| AttemptFailure {
-            kind: FailureKind::Retryable,
-            cause: Rollback::Connection,
-            reason: poison.as_ref().map_or_else(
-                || "transaction lost during the handler".into(),
-                |p| p.reason.clone(),
-            ),
-            lock_wait: false,
+        let tx = tx.ok_or_else(|| Failure {
             unavailable: poison.as_ref().is_some_and(|p| p.unavailable),
+            ..Failure::new(
+                FailureKind::Retryable,
+                Rollback::Connection,
+                poison.as_ref().map_or_else(
+                    || "transaction lost during the handler".into(),
+                    |p| p.reason.clone(),
+                ),
+            )
         })?;
         Ok((tx, judge(result, poison)))
     }
 }
 
 /// A transaction that did not begin: no connection, or the server refused the `BEGIN`.
-fn not_begun(e: &sqlx::Error) -> AttemptFailure {
-    AttemptFailure {
+fn not_begun(e: &sqlx::Error) -> Failure {
+    Failure {
         cause: Rollback::Connection,
-        ..AttemptFailure::db("failed to begin transaction", e)
+        ..db_failure("failed to begin transaction", e)
     }
 }
 
@@ -663,12 +617,14 @@ mod tests {
     /// transaction; any other database error leaves the handler's answer standing.
     #[test]
     fn a_statement_past_the_servers_limits_fails_for_good_whatever_the_handler_answers() {
-        let poison = |code: &str| crate::tx_handle::Poison {
-            kind: pg::classify_sqlstate(code),
-            reason: format!("{code}: failed"),
-            lock_wait: false,
+        let poison = |code: &str| Failure {
             past_limits: code.starts_with("54"),
-            unavailable: false,
+            sqlstate: Some(code.into()),
+            ..Failure::new(
+                pg::classify_sqlstate(code),
+                Rollback::Database,
+                format!("{code}: failed"),
+            )
         };
         let answers = || {
             [
@@ -694,6 +650,104 @@ mod tests {
             let failure = judge(answer, Some(poison(code))).unwrap();
             assert_eq!(failure.kind, kind, "{code}");
         }
+    }
+
+    /// Every row of `judge`: the handler's answer (none, ok, retryable, terminal) against the
+    /// first failure its statements met (none, a conflict, a data error, a lock wait given
+    /// up, the server away): the kind, the cause, the text and the SQLSTATE the attempt fails
+    /// with, the flags kept from the statement.
+    #[test]
+    fn judge_keeps_the_statements_failure_and_weighs_the_handlers_answer() {
+        use FailureKind::{RetryTransaction, Retryable, Terminal};
+        use Rollback::{Conflict, Database, HandlerRetryable, HandlerTerminal};
+        let statement = |code: &str| {
+            let kind = pg::classify_sqlstate(code);
+            Failure {
+                sqlstate: Some(code.into()),
+                past_limits: code.starts_with("54"),
+                lock_wait: code == "55P03",
+                unavailable: code == "57P01",
+                ..Failure::new(kind, Database, format!("{code}: failed"))
+            }
+        };
+        let answer = |a: &str| match a {
+            "ok" => Ok(()),
+            "retry" => Err(HandlerError::Retryable("handler: retry".into())),
+            _ => Err(HandlerError::Terminal("handler: never".into())),
+        };
+        let ok_after =
+            |code: &str| format!("handler returned ok after a database error: {code}: failed");
+        for (answer_of, code, kind, cause, reason) in [
+            (
+                "retry",
+                None,
+                Retryable,
+                HandlerRetryable,
+                "handler: retry".to_string(),
+            ),
+            (
+                "never",
+                None,
+                Terminal,
+                HandlerTerminal,
+                "handler: never".to_string(),
+            ),
+            (
+                "ok",
+                Some("40001"),
+                RetryTransaction,
+                Conflict,
+                "40001: failed".to_string(),
+            ),
+            (
+                "never",
+                Some("40P01"),
+                RetryTransaction,
+                Conflict,
+                "40P01: failed".to_string(),
+            ),
+            ("ok", Some("22012"), Terminal, Database, ok_after("22012")),
+            (
+                "retry",
+                Some("22012"),
+                Retryable,
+                Database,
+                "handler: retry".to_string(),
+            ),
+            (
+                "never",
+                Some("23505"),
+                Terminal,
+                Database,
+                "handler: never".to_string(),
+            ),
+            ("ok", Some("55P03"), Retryable, Database, ok_after("55P03")),
+            (
+                "retry",
+                Some("57P01"),
+                Retryable,
+                Database,
+                "handler: retry".to_string(),
+            ),
+            (
+                "ok",
+                Some("54000"),
+                Terminal,
+                Database,
+                "54000: failed".to_string(),
+            ),
+        ] {
+            let failure = judge(answer(answer_of), code.map(statement))
+                .unwrap_or_else(|| panic!("{answer_of} {code:?} committed"));
+            let row = format!("{answer_of} after {code:?}");
+            assert_eq!(failure.kind, kind, "{row}");
+            assert_eq!(failure.cause, cause, "{row}");
+            assert_eq!(failure.reason, reason, "{row}");
+            assert_eq!(failure.sqlstate(), code, "{row}");
+            assert_eq!(failure.lock_wait, code == Some("55P03"), "{row}");
+            assert_eq!(failure.unavailable, code == Some("57P01"), "{row}");
+        }
+        assert!(judge(Ok(()), None).is_none(), "ok with no failure commits");
     }
 
     #[test]

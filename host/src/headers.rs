@@ -24,6 +24,10 @@ pub const EVENT_TYPE_HEADER: &str = "Idemhost-Event-Type";
 pub const ORDERING_KEY_HEADER: &str = "Idemhost-Ordering-Key";
 /// A dead letter's failure reason (one line, at most 1 KiB).
 pub const FAILURE_REASON_HEADER: &str = "Idemhost-Failure-Reason";
+/// A dead letter's SQLSTATE: PostgreSQL's code for the statement whose failure dead-lettered
+/// it (`23505`, `22P02`, …); absent when the failure did not come from the server (the
+/// handler's own error, a refusal, out of deliveries without one).
+pub const FAILURE_SQLSTATE_HEADER: &str = "Idemhost-Failure-Sqlstate";
 /// The consumer that dead-lettered the message.
 pub const FAILED_CONSUMER_HEADER: &str = "Idemhost-Consumer";
 /// The subject the dead-lettered message was published to.

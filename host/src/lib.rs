@@ -44,6 +44,7 @@ mod admin;
 mod claim;
 mod clock;
 pub mod config;
+mod disposition;
 mod error;
 mod failpoint;
 mod handler;
@@ -72,7 +73,7 @@ pub use config::{Config, ConsumerConfig, Isolation};
 pub use error::{Error, ErrorKind};
 pub use handler::{HandleFuture, Handler, HandlerError, Message, PluginTimings};
 pub use host::{Host, HostMetrics, RunOptions};
-pub use outcome::{Outcome, Processed, Rollback};
+pub use outcome::{Failure, FailureKind, Outcome, Processed, Rollback};
 pub use pg::migrate;
 pub use plugin::{
     DEFAULT_COMPILE_CACHE_MAX, LoadInfo, PluginConfig, PluginError, PluginLimits, PluginRuntime,

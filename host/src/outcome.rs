@@ -1,6 +1,11 @@
-//! What became of a delivery ([`Outcome`]), why an attempt rolled back ([`Rollback`]) and what
-//! the delivery took ([`Processed`]): the claim pipeline decides them; the source settles the
-//! broker by them and the metrics count them.
+//! What became of a delivery ([`Outcome`]), why an attempt rolled back ([`Rollback`]), the
+//! failure behind it ([`Failure`]) and what the delivery took ([`Processed`]): the claim
+//! pipeline decides them; the source settles the broker by them and the metrics count them.
+//!
+//! A [`Failure`] is one type from the statement (or the handler, or the host) that failed to
+//! the delivery's disposition: what to do about it, why (the `idemhost_rollbacks_total`
+//! reason), the text, PostgreSQL's SQLSTATE when the server answered, and the facts the claim
+//! pipeline and group commit decide by.
 
 use std::time::Duration;
 
@@ -89,4 +94,85 @@ pub struct Processed {
     /// Times the delivery waited for an unavailable database and ran again, uncounted
     /// (`postgres.failover_wait`).
     pub database_waits: u32,
+    /// The failure of the last attempt (none when it committed): its SQLSTATE when a statement
+    /// failed at the server.
+    pub failure: Option<Failure>,
+}
+
+/// What to do about a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Serialization failure or deadlock: run the whole transaction again (claim included).
+    RetryTransaction,
+    /// Transient (connection lost, timeout, server shutting down, resources, schema not there
+    /// yet), or the handler asked for a retry: roll back and let the broker redeliver after a
+    /// backoff.
+    Retryable,
+    /// The data itself is refused (constraint, bad value), or the handler said so: redelivery
+    /// cannot help.
+    Terminal,
+}
+
+/// Why an attempt did not commit (see the module).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub(crate) kind: FailureKind,
+    pub(crate) cause: Rollback,
+    pub(crate) reason: String,
+    /// PostgreSQL's SQLSTATE, when a statement failed at the server.
+    pub(crate) sqlstate: Option<String>,
+    /// A lock wait was given up (`lock_timeout`, `NOWAIT`): in a group, a conflict between
+    /// groups.
+    pub(crate) lock_wait: bool,
+    /// The statement went past the server's own limits (class 54): the delivery fails for
+    /// good, whatever the handler answers.
+    pub(crate) past_limits: bool,
+    /// The server was away or read-only: the attempt may wait for it and run again without
+    /// counting (`postgres.failover_wait`).
+    pub(crate) unavailable: bool,
+}
+
+impl Failure {
+    /// A failure the host or the handler decided, with no statement behind it.
+    pub(crate) fn new(kind: FailureKind, cause: Rollback, reason: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            cause,
+            reason: reason.into(),
+            sqlstate: None,
+            lock_wait: false,
+            past_limits: false,
+            unavailable: false,
+        }
+    }
+
+    /// What to do about it.
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+
+    /// Why the attempt rolled back.
+    pub fn cause(&self) -> Rollback {
+        self.cause
+    }
+
+    /// The text logged, and sent with a dead letter.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// PostgreSQL's SQLSTATE, when a statement failed at the server.
+    pub fn sqlstate(&self) -> Option<&str> {
+        self.sqlstate.as_deref()
+    }
+
+    /// The delivery's outcome when this failure is its last word.
+    pub(crate) fn outcome(&self) -> Outcome {
+        match self.kind {
+            FailureKind::Terminal => Outcome::TerminalFailure(self.reason.clone()),
+            FailureKind::RetryTransaction | FailureKind::Retryable => {
+                Outcome::RetryableFailure(self.reason.clone())
+            }
+        }
+    }
 }

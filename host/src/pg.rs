@@ -10,6 +10,7 @@ use tracing::debug;
 
 use crate::config::PostgresConfig;
 pub(crate) use crate::config::postgres_url::{redact_url, redact_urls};
+use crate::outcome::{Failure, FailureKind, Rollback};
 
 pub(crate) mod failover;
 mod tx;
@@ -21,16 +22,26 @@ pub(crate) use tx::{Backend, Begin, CURRENT_XID, CommitSql, last_ahead_flag, las
 pub use tx::{Connections, Tx};
 pub use wall::Wall;
 
-/// What to do about a failed database operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FailureKind {
-    /// Serialization failure or deadlock: run the whole transaction again (claim included).
-    RetryTransaction,
-    /// Transient (connection lost, timeout, server shutting down, resources, schema not there
-    /// yet): roll back and let the broker redeliver after a backoff.
-    Retryable,
-    /// The data itself is refused (constraint, bad value): redelivery cannot help.
-    Terminal,
+/// The failure of a statement that failed with `error`, logged as `reason`: its kind from the
+/// SQLSTATE ([`classify`]), the SQLSTATE kept, and what the pipeline decides by.
+pub(crate) fn failure(reason: String, error: &sqlx::Error) -> Failure {
+    let kind = classify(error);
+    Failure {
+        kind,
+        cause: if kind == FailureKind::RetryTransaction {
+            Rollback::Conflict
+        } else {
+            Rollback::Database
+        },
+        reason,
+        sqlstate: match error {
+            sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+            _ => None,
+        },
+        lock_wait: lock_not_available(error),
+        past_limits: past_server_limits(error),
+        unavailable: server_unavailable(error),
+    }
 }
 
 /// Classifies a database error by SQLSTATE. Integrity (class 23), data (class 22) and

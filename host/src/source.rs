@@ -1,6 +1,18 @@
 //! JetStream: binding a consumer's stream and durable pull consumer, the pull loop bounded by
 //! `max_in_flight`, and settling each delivery — ack (confirmed) after commit, nak with backoff,
 //! or dead-letter with the original id, headers and payload, then term.
+//!
+//! A message's walk from pull to ack, in three pieces:
+//! - the **puller** ([`puller`]): credits, pull requests ([`pulling`]), group commit's
+//!   gathering; it yields one delivery or one group ([`Pulled`]);
+//! - the consumer's loop ([`ConsumerRuntime::run`]) starts each on its own task
+//!   ([`ConsumerRuntime::start`]: a key's worker or a `max_in_flight` slot for one delivery);
+//! - the **pipeline** ([`settle`]): `prepare` (read the message and its id), `admit` (the
+//!   refusals), the claim pipeline ([`crate::claim`]: BEGIN and claim, the handler on its
+//!   transaction handle, `judge`, COMMIT — or for a group `Claimer::process_batch`), `record`,
+//!   then `conclude`: ack, nak, retry in place or dead-letter ([`dead_letter`]).
+//!
+//! Every decision on what follows a failed attempt is made in [`crate::disposition`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +20,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
 use crate::claim::Claimer;
@@ -19,7 +30,6 @@ use crate::metrics::{ConsumerMetrics, EventTypeLabels, Metrics};
 use crate::registry::Slot;
 
 mod dead_letter;
-mod disposition;
 mod exhausted;
 mod gathering;
 mod group_limit;
@@ -29,11 +39,13 @@ pub mod partition;
 mod props;
 mod provision;
 pub(crate) use provision::check as check_consumer;
+mod puller;
 mod pulling;
 mod settle;
 pub(crate) use crate::headers::header;
-use gathering::Gathering;
+use group_limit::GroupLimit;
 use ordering::{KeySpec, KeyedQueues};
+use puller::{Pulled, Puller};
 pub(crate) use settle::read_message;
 
 /// Connects to NATS with the configured timeouts; the JetStream context's requests are bounded
@@ -86,9 +98,6 @@ fn url_credentials(server: &str) -> Option<(String, Option<String>)> {
     }
     Some((decode(url.username()), url.password().map(decode)))
 }
-
-/// How long one pull request waits for messages before the server ends it.
-const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 /// A bound consumer: its durable pull consumer, its handler and its claim pipeline.
 pub(crate) struct ConsumerRuntime {
@@ -210,180 +219,28 @@ impl ConsumerRuntime {
 
     /// Pulls and handles deliveries until `shutdown` turns true, then stops pulling and lets
     /// in-flight deliveries finish for up to `drain`; what is still running then is dropped
-    /// (rolled back, not acked — the broker redelivers it).
-    ///
-    /// Pulling is explicit: each pull request asks for exactly as many messages as there are
-    /// free credits. A credit stands for a message pulled whose transaction has not ended;
-    /// there are `2 × max_in_flight` (times `batch_max`), so at most `max_in_flight`
-    /// deliveries (or groups) run while as many wait, already fetched, for a slot — the client
-    /// never buffers more than that. Per message nothing waits unstarted long enough to reach
-    /// its ack deadline; a group's waiting deliveries are told in progress (see [`Gathering`]).
-    /// Acks still on their way hold no credit; the server's `max_ack_pending` bounds them.
-    /// Under load a request waits (briefly) for a quarter of the credits.
+    /// (rolled back, not acked — the broker redelivers it). The [`Puller`] yields the work;
+    /// each delivery or group runs on its own task through the pipeline in [`settle`].
     pub(crate) async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, drain: Duration) {
-        let batch_max = self.config.batch_max().max(1) as usize;
-        let progress_every = self.config.ack_wait.0 / 3;
-        let slots = Arc::new(Semaphore::new(self.config.max_in_flight as usize));
-        let group_limit = Arc::new(group_limit::GroupLimit::new(
+        let max_in_flight = self.config.max_in_flight as usize;
+        let slots = Arc::new(Semaphore::new(max_in_flight));
+        let limit = Arc::new(GroupLimit::new(slots.clone(), max_in_flight));
+        let mut puller = Puller::new(
+            &self.config,
+            self.pull_target(),
             slots.clone(),
-            self.config.max_in_flight as usize,
-        ));
-        let credits = Arc::new(Semaphore::new(pull_credits(&self.config)));
-        let gather = (pull_credits(&self.config) / 4).max(1);
-        let mut gathering = Gathering::default();
-        let mut caution = pulling::Caution::new(&self.client, self.config.ack_wait.0, PULL_EXPIRES);
+            limit.clone(),
+        );
+        let helpers = self.start_helpers(&shutdown);
         let mut tasks = JoinSet::new();
-        let mut backoff = Duration::from_millis(100);
-        let watcher = {
-            let (this, shutdown) = (self.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                if let Some(w) = &this.exhausted {
-                    exhausted::watch(&this, w, shutdown).await;
-                }
-            })
-        };
-        let waiting_progress = self
-            .ordering
-            .is_some()
-            .then(|| tokio::spawn(self.clone().keep_waiting_in_progress()));
-        'pull: while !*shutdown.borrow() {
-            let first = tokio::select! {
-                c = credits.clone().acquire_owned() => match c { Ok(c) => c, Err(_) => break 'pull },
-                _ = shutdown.changed() => break 'pull,
-            };
-            let mut held = vec![first];
-            while let Ok(c) = credits.clone().try_acquire_owned() {
-                held.push(c);
-            }
-            // Under load a request per freed credit cost the server a pull request per delivery
-            // or two. While fewer than a quarter of the credits are free, more than
-            // `max_in_flight` deliveries' worth of messages are pulled and not settled, so some
-            // are waiting for a slot and keep the deliveries busy: the request waits for a
-            // quarter (for a while at most) instead. Not where messages wait behind their key
-            // (`ordering`): those may be all there is.
-            if self.ordering.is_none() {
-                let until = tokio::time::Instant::now() + GATHER_CREDITS_FOR;
-                while held.len() < gather {
-                    match tokio::time::timeout_at(until, credits.clone().acquire_owned()).await {
-                        Ok(Ok(c)) => held.push(c),
-                        _ => break,
-                    }
-                }
-            }
+        while let Some(work) = puller.next(&mut shutdown).await {
             while tasks.try_join_next().is_some() {}
-            let (ask, connects) = caution.ask(held.len());
-            held.truncate(ask);
-            let batch = self.pull(ask).await;
-            let mut batch = match batch {
-                Ok(b) => b,
-                Err(e) => {
-                    warn!(consumer = %self.config.name, error = %e, ?backoff, "pull request failed");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = shutdown.changed() => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                    continue;
-                }
-            };
-            let asked_at = tokio::time::Instant::now();
-            let mut got = 0usize;
-            loop {
-                let linger = tokio::time::sleep_until(
-                    gathering
-                        .until
-                        .unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
-                );
-                let progress = tokio::time::sleep_until(
-                    gathering
-                        .progress_at
-                        .unwrap_or_else(|| tokio::time::Instant::now() + PULL_EXPIRES),
-                );
-                // With no transaction of this consumer running a group starts at once: waiting
-                // for company saves nothing there, and a delivery at low load is not delayed.
-                let due =
-                    gathering.due(batch_max) || (!gathering.group.is_empty() && group_limit.idle());
-                let lingering = gathering.lingering(batch_max);
-                let waiting = gathering.progress_at.is_some();
-                // In this order: a due group takes a free slot before more is gathered.
-                let next = tokio::select! {
-                    biased;
-                    _ = shutdown.changed() => break 'pull,
-                    slot = slots.clone().acquire_owned(), if due => {
-                        if let Ok(slot) = slot {
-                            let group = gathering.take(batch_max);
-                            tasks.spawn(self.clone().settle_batch(slot, group, group_limit.clone()));
-                        }
-                        continue;
-                    }
-                    n = batch.next() => n,
-                    _ = linger, if lingering => continue,
-                    // The last running group ended: what lingers starts now.
-                    () = group_limit.became_idle(), if lingering && !due => continue,
-                    _ = progress, if waiting => {
-                        let waiting: Vec<&jetstream::Message> =
-                            gathering.group.iter().map(|(m, _)| m).collect();
-                        settle::tell_in_progress(&waiting).await;
-                        gathering.progress_at = Some(tokio::time::Instant::now() + progress_every);
-                        continue;
-                    }
-                };
-                match next {
-                    Some(Ok(msg)) => {
-                        got += 1;
-                        let Some(credit) = held.pop() else {
-                            // The server never sends more than asked; if it did, the message
-                            // is left unacked and redelivered after ack_wait.
-                            warn!(consumer = %self.config.name, "pull returned more messages than requested");
-                            continue;
-                        };
-                        if batch_max > 1 {
-                            gathering.push(
-                                (msg, credit),
-                                self.config.batch_linger.0,
-                                progress_every,
-                            );
-                            continue;
-                        }
-                        self.dispatch(&mut tasks, &slots, msg, credit);
-                    }
-                    Some(Err(e)) => {
-                        debug!(consumer = %self.config.name, error = %e, "pull error");
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            if caution.after(connects) {
-                warn!(consumer = %self.config.name, "the NATS connection was lost during a pull request; pulling one message at a time for a while, so that a message the client cannot read costs no other message its deliveries");
-            }
-            // The pull request is over: what it gathered starts now rather than wait for the
-            // next request.
-            self.start_batches(
-                &mut tasks,
-                (&slots, &group_limit),
-                &mut gathering,
-                batch_max,
-            );
-            // A request the server ends at once with nothing (a consumer gone or refusing
-            // pulls) must not turn this loop into a busy one: back off, as after an error.
-            if got == 0 && asked_at.elapsed() < Duration::from_millis(50) {
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = shutdown.changed() => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            } else {
-                backoff = Duration::from_millis(100);
-            }
+            self.start(&mut tasks, (&slots, &limit), work);
         }
         // Already pulled: handled like the other in-flight deliveries.
-        self.start_batches(
-            &mut tasks,
-            (&slots, &group_limit),
-            &mut gathering,
-            batch_max,
-        );
+        for group in puller.gathered() {
+            self.start(&mut tasks, (&slots, &limit), Pulled::Waiting(group));
+        }
         info!(consumer = %self.config.name, in_flight = tasks.len(), "stopped pulling, draining");
         let drained =
             tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
@@ -391,25 +248,68 @@ impl ConsumerRuntime {
             warn!(consumer = %self.config.name, left = tasks.len(), "drain timeout; rolling back unfinished deliveries");
             tasks.shutdown().await;
         }
-        watcher.abort();
-        let _ = watcher.await;
-        if let Some(progress) = waiting_progress {
-            progress.abort();
-            let _ = progress.await;
+        for helper in helpers {
+            helper.abort();
+            let _ = helper.await;
         }
     }
 
-    /// One pull request for up to `n` messages (see [`pulling`]).
-    async fn pull(
-        &self,
-        n: usize,
-    ) -> anyhow::Result<futures::stream::BoxStream<'static, anyhow::Result<jetstream::Message>>>
-    {
+    /// Starts what the puller yielded on its own task: one delivery (see
+    /// [`ConsumerRuntime::dispatch`]), a group holding its slot, or a group once a slot is free
+    /// (told in progress while it waits for one).
+    fn start(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        (slots, limit): (&Arc<Semaphore>, &Arc<GroupLimit>),
+        work: Pulled,
+    ) {
+        let (this, slots, limit) = (self.clone(), slots.clone(), limit.clone());
+        match work {
+            Pulled::One((msg, credit)) => self.dispatch(tasks, &slots, msg, credit),
+            Pulled::Group(group, slot) => {
+                tasks.spawn(this.settle_batch(slot, group, limit));
+            }
+            Pulled::Waiting(group) => {
+                tasks.spawn(async move {
+                    let waiting: Vec<&jetstream::Message> = group.iter().map(|(m, _)| m).collect();
+                    let slot = this.with_progress(&waiting, slots.acquire_owned()).await;
+                    if let Ok(slot) = slot {
+                        this.settle_batch(slot, group, limit).await;
+                    }
+                });
+            }
+        }
+    }
+
+    /// Where this consumer's pulls go: its durable, or its partition's with this replica's pin.
+    fn pull_target(&self) -> puller::Target {
         let (durable, pin) = match &self.partition {
-            Some((durable, pin)) => (durable.as_str(), Some(pin)),
-            None => (self.durable.as_str(), None),
+            Some((durable, pin)) => (durable.clone(), Some(pin.clone())),
+            None => (self.durable.clone(), None),
         };
-        pulling::pull(&self.js, &self.config.stream, durable, pin, n, PULL_EXPIRES).await
+        puller::Target {
+            js: self.js.clone(),
+            durable,
+            pin,
+        }
+    }
+
+    /// The tasks beside the pull loop: the advisory watcher (see [`exhausted`]) and, with
+    /// `ordering`, the in-progress ticker of the messages waiting behind their key.
+    fn start_helpers(self: &Arc<Self>, shutdown: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        let mut helpers = Vec::new();
+        if self.exhausted.is_some() {
+            let (this, shutdown) = (self.clone(), shutdown.clone());
+            helpers.push(tokio::spawn(async move {
+                if let Some(w) = &this.exhausted {
+                    exhausted::watch(&this, w, shutdown).await;
+                }
+            }));
+        }
+        if self.ordering.is_some() {
+            helpers.push(tokio::spawn(self.clone().keep_waiting_in_progress()));
+        }
+        helpers
     }
 
     /// Tells the broker, every third of `ack_wait`, that each message waiting behind a running
@@ -425,28 +325,6 @@ impl ConsumerRuntime {
                     debug!(consumer = %self.config.name, error = %e, "in-progress ack failed");
                 }
             }
-        }
-    }
-
-    /// Starts every gathered delivery, in groups of up to `batch_max`, each as soon as a slot
-    /// is free (told in progress while it waits for one), and clears the gathering.
-    fn start_batches(
-        self: &Arc<Self>,
-        tasks: &mut JoinSet<()>,
-        (slots, limit): (&Arc<Semaphore>, &Arc<group_limit::GroupLimit>),
-        gathering: &mut Gathering,
-        batch_max: usize,
-    ) {
-        while !gathering.group.is_empty() {
-            let group = gathering.take(batch_max);
-            let (this, slots, limit) = (self.clone(), slots.clone(), limit.clone());
-            tasks.spawn(async move {
-                let waiting: Vec<&jetstream::Message> = group.iter().map(|(m, _)| m).collect();
-                let slot = this.with_progress(&waiting, slots.acquire_owned()).await;
-                if let Ok(slot) = slot {
-                    this.settle_batch(slot, group, limit).await;
-                }
-            });
         }
     }
 
@@ -484,16 +362,6 @@ fn max_waiting(config: &ConsumerConfig) -> usize {
         .map_or(0, |o| o.max_waiting as usize)
 }
 
-/// How long a pull waits for more free credits under load (see
-/// [`ConsumerRuntime::run`]).
-const GATHER_CREDITS_FOR: Duration = Duration::from_millis(20);
-
-/// Messages pulled and not yet settled, at most: `2 × max_in_flight` deliveries (or batches
-/// of `batch_max`).
-fn pull_credits(config: &ConsumerConfig) -> usize {
-    config.max_in_flight as usize * 2 * config.batch_max().max(1) as usize
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,7 +392,7 @@ mod tests {
                 2 * 16 * crate::config::DEFAULT_BATCH_MAX as usize,
             ),
         ] {
-            assert_eq!(pull_credits(&consumer(extra)), credits, "{extra}");
+            assert_eq!(puller::pull_credits(&consumer(extra)), credits, "{extra}");
         }
         assert_eq!(max_waiting(&consumer("batch_max = 1")), 0);
     }

@@ -1,5 +1,6 @@
 //! NATS subjects: what a subject and a pattern may be, which are reserved, and matching a
-//! subject against a pattern. Shared by the configuration's checks, the outbox and the binding.
+//! subject against a pattern, and names made from them. Shared by the configuration's checks,
+//! the outbox and the binding.
 
 /// Longest event subject a plugin may publish to.
 const MAX_SUBJECT_BYTES: usize = 256;
@@ -77,6 +78,19 @@ pub(crate) fn patterns_overlap(a: &str, b: &str) -> bool {
     }
     let (a, b): (Vec<&str>, Vec<&str>) = (a.split('.').collect(), b.split('.').collect());
     overlap(&a, &b)
+}
+
+/// `name` with every character a stream name may not hold replaced by `_`.
+pub(crate) fn stream_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -17,22 +17,9 @@ pub use trace::{Published, Statement, StatementResult, Traced};
 pub(crate) use trace::{TRACED_ROWS, Trace};
 
 use crate::outbox::{self, Origin};
-use crate::pg::{self, FailureKind, Tx, Wall};
+use crate::outcome::{Failure, FailureKind, Rollback};
+use crate::pg::{self, Tx, Wall};
 use crate::sql_gate::{self, SqlValue, Values};
-
-/// The first error a handler saw, kept so the claim pipeline can classify the attempt.
-#[derive(Debug, Clone)]
-pub(crate) struct Poison {
-    pub kind: FailureKind,
-    pub reason: String,
-    /// The error was a lock wait given up ([`pg::lock_not_available`]).
-    pub lock_wait: bool,
-    /// The statement went past the server's own limits ([`pg::past_server_limits`]): the
-    /// delivery fails for good, whatever the handler answers.
-    pub past_limits: bool,
-    /// The server went away or stopped taking writes ([`pg::server_unavailable`]).
-    pub unavailable: bool,
-}
 
 /// When the attempt must end, and how to stop a statement still running then: the session's
 /// backend, ended from a connection of the host's own role (the transaction rolls back with
@@ -47,7 +34,7 @@ pub(crate) struct Deadline {
 struct TxState {
     /// `None` once the delivery took the transaction back (or lost it).
     tx: Option<Tx>,
-    poison: Option<Poison>,
+    poison: Option<Failure>,
     /// Events published through the outbox so far in this call (the next one's `seq`).
     published: u32,
 }
@@ -316,13 +303,11 @@ impl TxHandle {
                               planning ends when the server next checks)"
                     .to_string();
                 if state.poison.is_none() {
-                    state.poison = Some(Poison {
-                        kind: FailureKind::Retryable,
-                        reason: reason.clone(),
-                        lock_wait: false,
-                        past_limits: false,
-                        unavailable: false,
-                    });
+                    state.poison = Some(Failure::new(
+                        FailureKind::Retryable,
+                        Rollback::Database,
+                        reason.clone(),
+                    ));
                 }
                 // Dropped mid-statement: the connection is closed, never reused.
                 self.abandon(state);
@@ -521,7 +506,7 @@ impl TxHandle {
     }
 
     /// Takes the transaction back for commit or rollback, with the first error a handler saw.
-    pub(crate) async fn take(&self) -> (Option<Tx>, Option<Poison>) {
+    pub(crate) async fn take(&self) -> (Option<Tx>, Option<Failure>) {
         let mut state = self.state.lock().await;
         (state.tx.take(), state.poison.take())
     }
@@ -545,13 +530,7 @@ impl TxState {
         let db = DbError::of(error);
         let reason = db.to_string();
         if self.poison.is_none() {
-            self.poison = Some(Poison {
-                kind: pg::classify(error),
-                reason: reason.clone(),
-                lock_wait: pg::lock_not_available(error),
-                past_limits: pg::past_server_limits(error),
-                unavailable: pg::server_unavailable(error),
-            });
+            self.poison = Some(pg::failure(reason.clone(), error));
         }
         TxError::Database(db)
     }
@@ -559,16 +538,14 @@ impl TxState {
     /// A refusal fails the attempt as retryable: a fixed plugin (a hot swap) may cure it.
     fn poison_refused(&mut self, reason: &str) {
         if self.poison.is_none() {
-            self.poison = Some(Poison {
-                kind: FailureKind::Retryable,
-                reason: format!(
+            self.poison = Some(Failure::new(
+                FailureKind::Retryable,
+                Rollback::Database,
+                format!(
                     "the host refused a plugin request: {}",
                     crate::text::reason(reason)
                 ),
-                lock_wait: false,
-                past_limits: false,
-                unavailable: false,
-            });
+            ));
         }
     }
 }

@@ -317,6 +317,73 @@ async fn retryable_failures_are_redelivered_then_applied_or_dead_lettered() {
     env.cleanup().await;
 }
 
+/// A dead letter carries PostgreSQL's SQLSTATE when a statement's failure dead-lettered it,
+/// from the statement through the handler's answer to the broker: a check violation the handler
+/// passed on as retryable, out of attempts (23514); a division by zero the handler answered
+/// with its own terminal error (22012, at once). A handler's own failure with no statement
+/// behind it carries none, and a producer's forged header is not passed on as the host's word.
+#[tokio::test]
+async fn a_dead_letter_carries_the_sqlstate_of_the_statement_that_failed() {
+    let env = TestEnv::new("e2esqlstate").await;
+    env.seed_inventory(&[("sku-1", 10)]).await;
+    let nats = NatsEnv::new("e2esqlstate", Duration::from_secs(60)).await;
+    let host = RunningHost::start(Host::new(config(
+        &env,
+        &nats,
+        "testkit-v1",
+        "testkit",
+        "max_in_flight = 2\nmax_deliver = 2\nbackoff = [\"50ms\"]\nbatch_max = 1",
+    )));
+    let forged = |id: &str, payload: &str| {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id);
+        headers.insert("Idemhost-Failure-Sqlstate", "00000");
+        (headers, payload.to_string())
+    };
+    nats.publish_many([
+        forged(
+            "evt-check",
+            r#"{"steps":[{"execute":"UPDATE inventory SET reserved = -1 WHERE sku = 'sku-1'"}]}"#,
+        ),
+        forged(
+            "evt-zero",
+            r#"{"keep_going":true,"steps":[{"query":"SELECT 1/0"},{"fail":"terminal","reason":"gave up"}]}"#,
+        ),
+        forged(
+            "evt-own",
+            r#"{"steps":[{"fail":"terminal","reason":"not mine"}]}"#,
+        ),
+    ])
+    .await;
+    nats.wait_drained("testkit-v1", Duration::from_secs(30))
+        .await;
+    let letters = nats.dead_letters().await;
+    let header = |id: &str, name: &str| {
+        letters
+            .iter()
+            .find(|(h, _)| h.get("Idemhost-Message-Id").map(|v| v.as_str()) == Some(id))
+            .unwrap_or_else(|| panic!("no dead letter of {id}"))
+            .0
+            .get_all(name)
+            .map(|v| v.as_str().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(letters.len(), 3);
+    assert_eq!(header("evt-check", "Idemhost-Failure-Sqlstate"), ["23514"]);
+    assert_eq!(header("evt-check", "Idemhost-Delivery-Attempt"), ["2"]);
+    assert_eq!(header("evt-zero", "Idemhost-Failure-Sqlstate"), ["22012"]);
+    assert_eq!(header("evt-zero", "Idemhost-Delivery-Attempt"), ["1"]);
+    assert!(header("evt-zero", "Idemhost-Failure-Reason")[0].contains("gave up"));
+    assert_eq!(
+        header("evt-own", "Idemhost-Failure-Sqlstate"),
+        Vec::<String>::new()
+    );
+    assert_eq!(env.reserved("sku-1").await, 0);
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
 /// Stopping the host in the middle of a run loses and doubles nothing: what committed is
 /// acked, what did not is redelivered to the restarted host.
 #[tokio::test]

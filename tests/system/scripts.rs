@@ -107,13 +107,51 @@ fn no_script_spells_a_cargo_output_path() {
 
 /// The library's top-level modules form layers: no module uses one that uses it back, however
 /// indirectly (`scripts/module-graph.sh`, which reads the sources). `config` used a constant
-/// of `plugin` once, which closed a circle through `pg`, `outbox` and `tx_handle`.
+/// of `plugin` once, which closed a circle through `pg`, `outbox` and `tx_handle`. Nor do the
+/// files of one module: `source/exhausted.rs` and `source/provision.rs` used each other once.
 #[test]
 fn the_librarys_modules_have_no_dependency_circle() {
     let out = run_ok(Command::new("bash").arg(root().join("scripts/module-graph.sh")));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(" 0 dependency circle(s)"), "{text}");
+    assert!(text.contains("modules; 0 dependency circle(s)"), "{text}");
     assert!(text.contains("layers (bottom first"), "{text}");
+    let files = text
+        .lines()
+        .find(|l| l.starts_with("files: "))
+        .unwrap_or_default();
+    assert!(files.ends_with("; 0 dependency circle(s)"), "{text}");
+
+    // The check finds a circle between two files of one module (and only there): `m/a.rs` and
+    // `m/b.rs` use each other, `m.rs` uses both and both use it, `m/c.rs` uses `a` alone.
+    let src = scratch("graph").join("src");
+    std::fs::create_dir_all(src.join("m")).unwrap();
+    for (file, text) in [
+        ("lib.rs", "mod m;\n"),
+        (
+            "m.rs",
+            "mod a;\nmod b;\nmod c;\nuse a::A;\nuse b::B;\npub struct M;\n",
+        ),
+        (
+            "m/a.rs",
+            "use super::M;\n/// [`super::c`]\npub struct A(crate::m::b::B);\n",
+        ),
+        ("m/b.rs", "use super::{M, a};\npub struct B;\n"),
+        ("m/c.rs", "use super::a::A;\n"),
+    ] {
+        std::fs::write(src.join(file), text).unwrap();
+    }
+    let out = Command::new("bash")
+        .arg(root().join("scripts/module-graph.sh"))
+        .arg(&src)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("files: 3 edges among the submodules of 1 modules; 1 dependency circle(s)"),
+        "{text}"
+    );
+    assert!(text.contains("circle: m: a, b\n"), "{text}");
 }
 
 /// `scripts/demo.sh` in a network namespace with only loopback up (nothing answers at any

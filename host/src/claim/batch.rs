@@ -31,15 +31,17 @@ use std::time::Instant;
 use tracing::{Instrument, debug, info_span};
 
 use super::{
-    AttemptFailure, Claimer, Outcome, Processed, Rollback, Timing, failpoint, not_begun, rollback,
+    Claimer, Failure, FailureKind, Outcome, Processed, Rollback, Timing, db_failure, failpoint,
+    not_begun, rollback,
 };
+use crate::disposition::{self, InGroup};
 use crate::handler::{Handler, Message};
-use crate::pg::{self, Begin, FailureKind, Tx, Wall};
+use crate::pg::{self, Begin, Tx, Wall};
 
 /// One message's result inside a batch that has not committed yet.
 struct Part {
     outcome: Outcome,
-    rollback: Option<Rollback>,
+    failure: Option<Failure>,
     timing: Timing,
 }
 
@@ -47,20 +49,16 @@ impl Part {
     fn done(outcome: Outcome, timing: Timing) -> Self {
         Part {
             outcome,
-            rollback: None,
+            failure: None,
             timing,
         }
     }
 
     /// A message that failed on its own (not a conflict: that abandons the batch).
-    fn failed(failure: AttemptFailure, timing: Timing) -> Self {
-        let outcome = match failure.kind {
-            FailureKind::Terminal => Outcome::TerminalFailure(failure.reason),
-            _ => Outcome::RetryableFailure(failure.reason),
-        };
+    fn failed(failure: Failure, timing: Timing) -> Self {
         Part {
-            outcome,
-            rollback: Some(failure.cause),
+            outcome: failure.outcome(),
+            failure: Some(failure),
             timing,
         }
     }
@@ -71,7 +69,7 @@ enum Stop {
     /// Message `.0` failed on its own, with this result.
     Message(usize, Part),
     /// The whole transaction is lost.
-    Batch(AttemptFailure),
+    Batch(Failure),
 }
 
 impl Claimer {
@@ -108,19 +106,15 @@ impl Claimer {
                         claim_time: p.timing.claim,
                         tx_time,
                         handler_time: p.timing.handler,
-                        rollback: p.rollback,
+                        rollback: p.failure.as_ref().map(Failure::cause),
                         database_waits: 0,
+                        failure: p.failure,
                     })
                     .collect()
             }
             Err(f) => {
                 debug!(reason = %f.reason, messages = msgs.len(), "batch abandoned; processing its messages one by one");
-                // A conflict used up each message's first transaction attempt.
-                let first = if f.kind == FailureKind::RetryTransaction {
-                    2.min(self.settings.tx_max_attempts.max(1))
-                } else {
-                    1
-                };
+                let first = disposition::run_alone_from(&f, self.settings.tx_max_attempts);
                 let mut out = Vec::with_capacity(msgs.len());
                 for msg in msgs {
                     out.push(self.process_from(handler, msg, first).await);
@@ -147,10 +141,9 @@ impl Claimer {
             Err(Begin::First(mut tx, e)) => {
                 tx.note_failure(&e);
                 rollback(tx, &wall).await;
-                return Err(Stop::Batch(in_group(AttemptFailure::db(
-                    "failed to claim markers",
-                    &e,
-                ))));
+                // Whatever it was, no claim of the group stands: the group runs alone.
+                let failure = db_failure("failed to claim markers", &e);
+                return Err(Stop::Batch(disposition::in_group(failure).into_failure()));
             }
             Err(Begin::Refused(e)) => return Err(Stop::Batch(not_begun(&e))),
         };
@@ -202,19 +195,19 @@ impl Claimer {
                     failure.reason
                 );
                 rollback(tx, &wall).await;
-                return Err(Stop::Batch(AttemptFailure {
-                    kind: FailureKind::Retryable,
-                    cause: Rollback::Database,
+                return Err(Stop::Batch(Failure::new(
+                    FailureKind::Retryable,
+                    Rollback::Database,
                     reason,
-                    lock_wait: false,
-                    unavailable: false,
-                }));
+                )));
             }
-            if let Some(failure) = failure.map(in_group) {
+            if let Some(failure) = failure {
                 rollback(tx, &wall).await;
-                return Err(match failure.kind {
-                    FailureKind::RetryTransaction => Stop::Batch(failure),
-                    _ => Stop::Message(index, Part::failed(failure, timing)),
+                return Err(match disposition::in_group(failure) {
+                    InGroup::RunAlone(failure) => Stop::Batch(failure),
+                    InGroup::FailAlone(failure) => {
+                        Stop::Message(index, Part::failed(failure, timing))
+                    }
                 });
             }
             parts.push(Part::done(Outcome::Applied, timing));
@@ -222,7 +215,7 @@ impl Claimer {
         failpoint::hit("before_commit");
         tx.commit_with(&wall.group_commit_sql)
             .await
-            .map_err(|e| Stop::Batch(AttemptFailure::db("failed to commit", &e)))?;
+            .map_err(|e| Stop::Batch(db_failure("failed to commit", &e)))?;
         Ok(parts)
     }
 
@@ -233,7 +226,7 @@ impl Claimer {
         handler: &dyn Handler,
         msgs: &[Message],
         failed: (usize, Part),
-    ) -> Result<Vec<Part>, AttemptFailure> {
+    ) -> Result<Vec<Part>, Failure> {
         let wall = self.wall().await?;
         let mut tx = self.begin_with(&wall.begin_group_sql).await?;
         // The first pass's claim (a wait on a competing claim shows there) counts for every
@@ -288,28 +281,25 @@ impl Claimer {
                 Ok((false, _)) => {}
                 Ok((true, _)) => {
                     rollback(tx, &wall).await;
-                    return Err(AttemptFailure {
-                        kind: FailureKind::Retryable,
-                        cause: Rollback::Database,
-                        reason: "a claim of the group was undone in its transaction (rolled \
-                                 back to the host's savepoint); the group runs again one \
-                                 delivery per transaction"
-                            .into(),
-                        lock_wait: false,
-                        unavailable: false,
-                    });
+                    return Err(Failure::new(
+                        FailureKind::Retryable,
+                        Rollback::Database,
+                        "a claim of the group was undone in its transaction (rolled back to \
+                         the host's savepoint); the group runs again one delivery per \
+                         transaction",
+                    ));
                 }
                 Err(e) => {
                     tx.note_failure(&e);
                     rollback(tx, &wall).await;
-                    return Err(AttemptFailure::db("failed to check the group's claims", &e));
+                    return Err(db_failure("failed to check the group's claims", &e));
                 }
             }
         }
         failpoint::hit("before_commit");
         tx.commit_with(&wall.commit_sql)
             .await
-            .map_err(|e| AttemptFailure::db("failed to commit", &e))?;
+            .map_err(|e| db_failure("failed to commit", &e))?;
         Ok(parts)
     }
 
@@ -324,7 +314,7 @@ impl Claimer {
         handler: &dyn Handler,
         msg: &Message,
         name: &str,
-    ) -> Result<(Tx, Part), AttemptFailure> {
+    ) -> Result<(Tx, Part), Failure> {
         let mut timing = Timing::default();
         savepoint(&mut tx, &format!("SAVEPOINT {name}")).await?;
         // Not cached: an earlier part's plugin ran on this session (see `claim`).
@@ -332,7 +322,7 @@ impl Claimer {
             .claim(&mut tx, wall, handler, msg, &mut timing, false)
             .await
         {
-            Err(e) => in_group(AttemptFailure::db("failed to claim marker", &e)),
+            Err(e) => db_failure("failed to claim marker", &e),
             Ok((false, _)) => return Ok((tx, Part::done(Outcome::Duplicate, timing))),
             Ok((true, pid)) => {
                 let (back, failure) = self.lend(tx, wall, pid, handler, msg, &mut timing).await?;
@@ -341,30 +331,17 @@ impl Claimer {
                     None => {
                         return Ok((tx, Part::done(Outcome::Applied, timing)));
                     }
-                    Some(f) => in_group(f),
+                    Some(f) => f,
                 }
             }
         };
         // A conflict aborts more than this message's part: the whole batch is abandoned.
-        if failure.kind == FailureKind::RetryTransaction {
-            return Err(failure);
-        }
+        let failure = match disposition::in_group(failure) {
+            InGroup::RunAlone(failure) => return Err(failure),
+            InGroup::FailAlone(failure) => failure,
+        };
         savepoint(&mut tx, &format!("ROLLBACK TO SAVEPOINT {name}")).await?;
         Ok((tx, Part::failed(failure, timing)))
-    }
-}
-
-/// A failure as a group sees it: a lock wait given up (the group's `lock_timeout`, or a
-/// plugin's `NOWAIT`) is a conflict between groups, which abandons the group; its deliveries
-/// then run one by one, where such a failure is judged as it would be alone.
-fn in_group(failure: AttemptFailure) -> AttemptFailure {
-    if !failure.lock_wait {
-        return failure;
-    }
-    AttemptFailure {
-        kind: FailureKind::RetryTransaction,
-        cause: Rollback::Conflict,
-        ..failure
     }
 }
 
@@ -373,7 +350,7 @@ fn in_group(failure: AttemptFailure) -> AttemptFailure {
 /// plugin left SQL-level prepared statements (which only closing the connection removes) or
 /// made the transaction read-only — its deliveries then run one by one, each judged alone and
 /// ending with the session reset.
-async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
+async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), Failure> {
     // The simple protocol, never a cached statement: the plugin that just ran could have
     // deallocated one and prepared its own under the same name (review, gate off: prepared,
     // the clearing was replaced by `SELECT false` and the next claim by the plugin's). Prepared
@@ -383,7 +360,7 @@ async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
         .await
         .map_err(|e| {
             tx.note_failure(&e);
-            AttemptFailure::db("failed to clear the session between deliveries", &e)
+            db_failure("failed to clear the session between deliveries", &e)
         })?;
     if crate::pg::last_flag(&rows) {
         return Err(left_in_session());
@@ -393,16 +370,13 @@ async fn clear(tx: &mut Tx, wall: &Wall) -> Result<(), AttemptFailure> {
 
 /// What abandons a group whose clearing found a plugin left SQL-level prepared statements in
 /// the session (which only closing the connection removes) or made the transaction read-only.
-fn left_in_session() -> AttemptFailure {
-    AttemptFailure {
-        kind: FailureKind::Retryable,
-        cause: Rollback::Database,
-        reason: "a plugin left prepared statements in the session or made the transaction \
-                 read-only; the group runs again one delivery per transaction"
-            .into(),
-        lock_wait: false,
-        unavailable: false,
-    }
+fn left_in_session() -> Failure {
+    Failure::new(
+        FailureKind::Retryable,
+        Rollback::Database,
+        "a plugin left prepared statements in the session or made the transaction read-only; \
+         the group runs again one delivery per transaction",
+    )
 }
 
 /// The savepoint name of one transaction of the savepoint path: drawn per transaction. Test
@@ -420,11 +394,11 @@ fn savepoint_name() -> String {
 }
 
 /// Runs a savepoint statement; its failure abandons the batch.
-async fn savepoint(tx: &mut Tx, sql: &str) -> Result<(), AttemptFailure> {
+async fn savepoint(tx: &mut Tx, sql: &str) -> Result<(), Failure> {
     // The simple protocol: the name differs per transaction, nothing to keep prepared.
     sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
         .execute(&mut **tx)
         .await
         .map(|_| ())
-        .map_err(|e| AttemptFailure::db(sql, &e))
+        .map_err(|e| db_failure(sql, &e))
 }

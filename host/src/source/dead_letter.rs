@@ -9,18 +9,21 @@ use tracing::{error, info, warn};
 use super::ConsumerRuntime;
 use super::settle::Delivery;
 use crate::headers::{
-    DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER, NATS_MSG_ID_HEADER,
-    ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER, header_safe,
+    DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER,
+    FAILURE_SQLSTATE_HEADER, NATS_MSG_ID_HEADER, ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER,
+    header_safe,
 };
 
 /// A message on its way to the dead-letter subject: its original headers (to which the reason,
-/// consumer, original subject and attempt are added), id and stream sequence (which make its
-/// broker-level id) and payload.
+/// its SQLSTATE, consumer, original subject and attempt are added), id and stream sequence
+/// (which make its broker-level id) and payload.
 pub(super) struct DeadLetterMessage<'a> {
     pub(super) headers: async_nats::HeaderMap,
     pub(super) id: Option<&'a str>,
     pub(super) stream_seq: u64,
     pub(super) reason: &'a str,
+    /// PostgreSQL's code for the failure, when the server gave one.
+    pub(super) sqlstate: Option<&'a str>,
     pub(super) attempt: u32,
     pub(super) subject: &'a str,
     pub(super) payload: bytes::Bytes,
@@ -38,13 +41,19 @@ impl ConsumerRuntime {
     /// as a duplicate, and a replayed copy (a new stream sequence) that fails again must not
     /// be taken for the first dead letter; a second dead-lettering of the same stored message
     /// is still absorbed.
-    pub(super) async fn dead_letter(&self, d: &Delivery, id: Option<&str>, reason: &str) {
+    pub(super) async fn dead_letter(
+        &self,
+        d: &Delivery,
+        id: Option<&str>,
+        (reason, sqlstate): (&str, Option<&str>),
+    ) {
         let (msg, stream_seq, attempt) = (&d.msg, d.stream_seq, d.attempt);
         let letter = DeadLetterMessage {
             headers: msg.message.headers.clone().unwrap_or_default(),
             id,
             stream_seq,
             reason,
+            sqlstate,
             attempt,
             subject: msg.message.subject.as_str(),
             payload: msg.message.payload.clone(),
@@ -71,14 +80,21 @@ impl ConsumerRuntime {
         letter: DeadLetterMessage<'_>,
     ) -> Result<(), async_nats::Error> {
         let DeadLetterMessage {
-            mut headers,
+            headers,
             id,
             stream_seq,
             reason,
+            sqlstate,
             attempt,
             subject: original_subject,
             payload,
         } = letter;
+        // The producer's headers, less one it could have forged: a dead letter's SQLSTATE is
+        // the host's word or absent.
+        let mut headers = without(headers, FAILURE_SQLSTATE_HEADER);
+        if let Some(code) = sqlstate {
+            headers.insert(FAILURE_SQLSTATE_HEADER, header_safe(code).as_str());
+        }
         let broker_id = match id {
             Some(id) => {
                 headers.insert(REPLAY_ID_HEADER, id);
@@ -104,4 +120,20 @@ impl ConsumerRuntime {
         }
         Ok(())
     }
+}
+
+/// `headers` without any value of `name` (the map has no removal).
+fn without(headers: async_nats::HeaderMap, name: &str) -> async_nats::HeaderMap {
+    if headers.get(name).is_none() {
+        return headers;
+    }
+    let mut kept = async_nats::HeaderMap::new();
+    for (key, values) in headers.iter() {
+        if AsRef::<str>::as_ref(key) != name {
+            for value in values {
+                kept.append(key.clone(), value.clone());
+            }
+        }
+    }
+    kept
 }

@@ -37,7 +37,7 @@ pub(super) fn advisory_subject(stream: &str, durable: &str) -> String {
 /// `IDEMHOST_EXHAUSTED_<stream>_<durable>`, with every character a stream name may not hold
 /// replaced by `_`.
 fn advisory_stream_name(stream: &str, durable: &str) -> String {
-    super::provision::stream_safe(&format!("IDEMHOST_EXHAUSTED_{stream}_{durable}"))
+    crate::subjects::stream_safe(&format!("IDEMHOST_EXHAUSTED_{stream}_{durable}"))
 }
 
 /// Creates (or finds) the advisory stream of one consumer and the watcher's consumer on it.
@@ -201,6 +201,7 @@ async fn settle(runtime: &ConsumerRuntime, advisory: &Advisory) -> anyhow::Resul
         id: id.as_deref(),
         stream_seq: seq,
         reason: &reason,
+        sqlstate: None,
         attempt: u32::try_from(advisory.deliveries).unwrap_or(u32::MAX),
         subject: &raw.subject,
         payload: payload.into(),

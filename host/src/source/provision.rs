@@ -9,7 +9,8 @@ use async_nats::jetstream::{self, stream};
 use tracing::warn;
 
 use super::partition::Spread;
-use super::{PULL_EXPIRES, exhausted, max_waiting, partition, pull_credits};
+use super::puller::{PULL_EXPIRES, pull_credits};
+use super::{exhausted, max_waiting, partition};
 use crate::config::ConsumerConfig;
 use crate::subjects::subject_matches;
 
@@ -329,18 +330,5 @@ async fn dead_letter_stream(
 
 /// `IDEMHOST_DLQ_<subject>` with every character a stream name may not hold replaced by `_`.
 fn dead_letter_stream_name(subject: &str) -> String {
-    stream_safe(&format!("IDEMHOST_DLQ_{subject}"))
-}
-
-/// `name` with every character a stream name may not hold replaced by `_`.
-pub(super) fn stream_safe(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    crate::subjects::stream_safe(&format!("IDEMHOST_DLQ_{subject}"))
 }

@@ -10,9 +10,9 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::ConsumerRuntime;
-use super::disposition::{Disposition, disposition};
 use crate::claim::{Outcome, Processed};
 use crate::config::ConsumerConfig;
+use crate::disposition::{Disposition, disposition};
 use crate::failpoint;
 use crate::handler::Message;
 use crate::headers::{EVENT_TYPE_HEADER, flatten, header, message_id, traceparent};
@@ -44,7 +44,8 @@ impl ConsumerRuntime {
                 self.record(&message, &processed);
                 match (disposition(&processed.outcome, delivery.attempt, &self.config), &processed.outcome) {
                     (Disposition::RetryInPlace { delay }, Outcome::RetryableFailure(reason)) => {
-                        warn!(outcome = "retryable_failure", %reason, ?delay, "delivery failed; retried in place, its ordering key waits");
+                        let sqlstate = processed.failure.as_ref().and_then(|f| f.sqlstate());
+                        warn!(outcome = "retryable_failure", %reason, sqlstate, ?delay, "delivery failed; retried in place, its ordering key waits");
                         self.with_progress(&[&delivery.msg], tokio::time::sleep(delay)).await;
                         delivery.attempt += 1;
                         tracing::Span::current().record("attempt", delivery.attempt);
@@ -204,7 +205,7 @@ impl ConsumerRuntime {
                 self.metrics.settled(&event, "terminal_failure", None);
                 tracing::Span::current().record("outcome", "terminal_failure");
                 warn!(outcome = "terminal_failure", %reason, "delivery refused");
-                self.dead_letter(d, id.as_deref(), &reason).await;
+                self.dead_letter(d, id.as_deref(), (&reason, None)).await;
                 None
             }
         }
@@ -236,6 +237,9 @@ impl ConsumerRuntime {
             Outcome::RetryableFailure(r) | Outcome::TerminalFailure(r) => r.as_str(),
             Outcome::Applied | Outcome::Duplicate => "",
         };
+        // PostgreSQL's code for the failure, when the server gave one: logged, and sent with a
+        // dead letter.
+        let sqlstate = processed.failure.as_ref().and_then(|f| f.sqlstate());
         match disposition(&processed.outcome, d.attempt, &self.config) {
             Disposition::Ack => {
                 failpoint::hit("after_commit_before_ack");
@@ -260,7 +264,7 @@ impl ConsumerRuntime {
             // Ordered consumers retried in place already (`settle`); a group's parts are not
             // ordered.
             Disposition::Nak { delay } | Disposition::RetryInPlace { delay } => {
-                warn!(outcome = "retryable_failure", %reason, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
+                warn!(outcome = "retryable_failure", %reason, sqlstate, ?delay, tx_attempts = processed.tx_attempts, "delivery failed");
                 if let Err(e) = d.msg.ack_with(AckKind::Nak(Some(delay))).await {
                     warn!(error = %e, "nak failed; the broker redelivers after ack_wait");
                 }
@@ -277,14 +281,16 @@ impl ConsumerRuntime {
                     "{reason} (after {} deliveries, max_deliver {}{key_note})",
                     d.attempt, self.config.max_deliver
                 );
-                warn!(outcome = "retryable_failure", %reason, "out of attempts; dead-lettering");
-                self.dead_letter(d, Some(&message.id), &reason).await;
+                warn!(outcome = "retryable_failure", %reason, sqlstate, "out of attempts; dead-lettering");
+                self.dead_letter(d, Some(&message.id), (&reason, sqlstate))
+                    .await;
             }
             Disposition::DeadLetter {
                 out_of_attempts: false,
             } => {
-                warn!(outcome = "terminal_failure", %reason, "delivery failed; dead-lettering");
-                self.dead_letter(d, Some(&message.id), reason).await;
+                warn!(outcome = "terminal_failure", %reason, sqlstate, "delivery failed; dead-lettering");
+                self.dead_letter(d, Some(&message.id), (reason, sqlstate))
+                    .await;
             }
         }
     }
