@@ -243,7 +243,7 @@ async fn serve(
     let registry = Arc::new(registry);
     readiness.set_registry(registry.clone());
     metrics.set_plugins(Some(Box::new(registry::PluginCollector(registry.clone()))));
-    let runtimes = bind(config, native, pool, failover, &registry, &js, metrics).await?;
+    let runtimes = bind(config, native, pool, failover, &registry, metrics).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut background = Vec::new();
@@ -478,7 +478,6 @@ async fn bind(
     pool: &PgPool,
     failover: &Arc<pg::Failover>,
     registry: &Plugins,
-    js: &async_nats::jetstream::Context,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Vec<Arc<source::ConsumerRuntime>>> {
     let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
@@ -511,9 +510,15 @@ async fn bind(
             n => (0..n).map(Some).collect(),
         };
         let spread = source::partition::Spread::of(&config.host).filter(|_| c.partitions > 0);
+        // Each consumer pulls, acks and dead-letters on a NATS connection of its own: a message
+        // the client cannot read (a header block that is not UTF-8, which any producer can
+        // publish) makes it drop the connection the message came on, and on a shared one every
+        // consumer's pull requests and acks in flight went with it, each time the broker
+        // delivered that message again.
+        let (_, js) = source::connect_nats(&config.nats).await?;
         for p in partitions {
             let bound =
-                source::bind(js, c, p, spread, claimer.clone(), slot.clone(), metrics).await?;
+                source::bind(&js, c, p, spread, claimer.clone(), slot.clone(), metrics).await?;
             let priority = p.zip(spread).map(|(p, s)| s.priority(p));
             info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), partition = ?p, priority = ?priority, isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
             runtimes.push(Arc::new(

@@ -45,7 +45,7 @@ mod settle;
 pub(crate) use crate::headers::header;
 use group_limit::GroupLimit;
 use ordering::{KeySpec, KeyedQueues};
-use puller::{Pulled, Puller};
+use puller::{PULL_EXPIRES, Pulled, Puller};
 pub(crate) use settle::read_message;
 
 /// Connects to NATS with the configured timeouts; the JetStream context's requests are bounded
@@ -251,6 +251,12 @@ impl ConsumerRuntime {
         for helper in helpers {
             helper.abort();
             let _ = helper.await;
+        }
+        // Acks still buffered in this consumer's connection (its own, see `host::bind`) go out
+        // before it is dropped.
+        let flushed = tokio::time::timeout(PULL_EXPIRES, self.client.flush()).await;
+        if !matches!(flushed, Ok(Ok(()))) {
+            warn!(consumer = %self.config.name, "failed to flush the consumer's NATS connection");
         }
     }
 

@@ -856,6 +856,83 @@ async fn a_producer_cannot_borrow_another_messages_marker() {
     arena.stop().await;
 }
 
+/// A producer's message the NATS client cannot read (a header block that is not UTF-8) makes the
+/// client drop the connection it came on, each time the broker delivers it. Each consumer has
+/// a connection of its own, so the bystander's pull requests and acks never go with it: its
+/// puller never finds its connection lost, its messages published meanwhile apply once each,
+/// none delivered twice, while the attacker's messages — one per shape of bad bytes, each
+/// delivered `max_deliver` times — cut the attacker's own connection and end dead-lettered.
+/// Before, the consumers shared one connection, and the bystander's pulls were cut each time
+/// ("the NATS connection was lost during a pull request" with its name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_client_cannot_read_costs_other_consumers_nothing() {
+    let mut arena = Arena::start("unreadable", "ack_wait = \"1s\"\nmax_deliver = 3").await;
+    arena.bystander_applies(2).await;
+    let shapes: [&[u8]; 4] = [
+        b"\xff\xfe\x80 binary",
+        b"half \xc3\x28 a pair",
+        b"a surrogate \xed\xa0\x80",
+        b"cut short \xe2\x82",
+    ];
+    for (i, bad) in shapes.iter().enumerate() {
+        let lines = [
+            format!("Nats-Msg-Id: unreadable-{i}\r\nX-Blob: ").as_bytes(),
+            bad,
+            b"\r\n",
+        ]
+        .concat();
+        publish_raw(
+            NATS_URL.trim_start_matches("nats://"),
+            &arena.attacker.subject(),
+            &lines,
+            b"{}",
+        )
+        .await;
+    }
+    // The bystander works while the attacker's messages come back, one `ack_wait` apart.
+    for _ in 0..8 {
+        arena.bystander_applies(3).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let attacker = &arena.attacker;
+    wait_until(
+        Duration::from_secs(90),
+        "every unreadable message dead-lettered",
+        || async move { (attacker.dead_letters().await.len() >= shapes.len()).then_some(()) },
+    )
+    .await;
+    // A pull request learns that its connection was lost when it ends: within its expiry (5 s)
+    // and a margin, the bystander still working.
+    let until = Instant::now() + Duration::from_secs(8);
+    let mut published = 2 + 8 * 3;
+    while Instant::now() < until {
+        arena.bystander_applies(3).await;
+        published += 3;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    arena.alive();
+    let log = arena.log_text();
+    let lost: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("connection was lost during a pull request"))
+        .collect();
+    assert!(
+        lost.iter().any(|l| l.contains("attacker-v1")),
+        "the attack never cut the attacker's connection: {lost:?}"
+    );
+    assert!(
+        lost.iter().all(|l| !l.contains("bystander-v1")),
+        "the bystander's connection went with the attacker's message: {lost:?}"
+    );
+    let info = arena.bystander.consumer_info("bystander-v1").await;
+    assert_eq!(
+        info.delivered.consumer_sequence, info.delivered.stream_sequence,
+        "a bystander message was delivered twice"
+    );
+    assert_eq!(info.delivered.stream_sequence, published);
+    arena.stop().await;
+}
+
 /// One consumer's outbox never holds back another's: the attacker's events go to a subject no
 /// stream captures but a plain subscriber listens on (a dashboard), so no publish of theirs is
 /// ever acknowledged. Before, each waited its timeout one after another, at the head of the
