@@ -41,6 +41,35 @@ pub const REPAIR_OF_HEADER: &str = "Idemhost-Repair-Of";
 /// Header of an outbox event naming the message whose handling published it.
 pub const CAUSATION_HEADER: &str = "Idemhost-Causation-Id";
 
+/// The headers a dead letter carries in the host's word (its id, why, where from, which
+/// attempt). Dropped from the producer's copy before the host writes its own: a producer's
+/// `Idemhost-Message-Id` on a message dead-lettered without a valid id would otherwise stay,
+/// and `idemhost dlq replay` would sign a replay of the producer's payload under that id.
+pub(crate) const DEAD_LETTER_HEADERS: [&str; 7] = [
+    NATS_MSG_ID_HEADER,
+    REPLAY_ID_HEADER,
+    FAILURE_REASON_HEADER,
+    FAILURE_SQLSTATE_HEADER,
+    FAILED_CONSUMER_HEADER,
+    ORIGINAL_SUBJECT_HEADER,
+    DELIVERY_ATTEMPT_HEADER,
+];
+
+/// `headers` without any value of the `names` (compared ignoring ASCII case).
+pub(crate) fn without(headers: &HeaderMap, names: &[&str]) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for (name, values) in headers.iter() {
+        let name_text: &str = name.as_ref();
+        if names.iter().any(|n| n.eq_ignore_ascii_case(name_text)) {
+            continue;
+        }
+        for value in values {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
 /// Longest failure reason put in a header.
 const MAX_REASON_BYTES: usize = 1024;
 

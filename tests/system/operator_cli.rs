@@ -252,6 +252,72 @@ async fn hand_dead_letter(nats: &NatsEnv, consumer: &str, id: &str, payload: &st
         .unwrap();
 }
 
+/// A producer cannot make a dead letter name another message: a message refused for its id
+/// (300 bytes, over the limit) that carries `Idemhost-Message-Id: m-victim` and forged
+/// dead-letter headers is dead-lettered with each of those headers in the host's word or
+/// absent, so `idemhost dlq replay` skips it ("without a valid message id") instead of signing
+/// a replay of the producer's payload under m-victim's id, which would claim its marker.
+/// Before, the forged id (and SQLSTATE) stayed in the dead letter: the host wrote its own only
+/// when it had them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_message_cannot_name_another_in_its_dead_letter() {
+    use idemhost::headers::{
+        DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER,
+    };
+    const NAME: &str = "forgeid-v1";
+    let env = TestEnv::new("forgeid").await;
+    let nats = NatsEnv::new("forgeid", Duration::from_secs(60)).await;
+    env.execute("CREATE TABLE ops_effect (message_id text NOT NULL)")
+        .await;
+    let text = config_text(&env, &nats, NAME, "testkit", "max_deliver = 1");
+    let config = write_config("forgeid", &text);
+    let config = config.to_str().unwrap();
+    let host = RunningHost::start(idemhost::Host::new(parse_config(&text)));
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "x".repeat(300).as_str());
+    for (name, value) in [
+        (REPLAY_ID_HEADER, "m-victim"),
+        ("idemhost-message-id", "m-victim"),
+        ("Idemhost-Failure-Sqlstate", "00000"),
+        (FAILED_CONSUMER_HEADER, "someone-else"),
+        (DELIVERY_ATTEMPT_HEADER, "99"),
+        (ORIGINAL_SUBJECT_HEADER, "elsewhere"),
+    ] {
+        headers.append(name, value);
+    }
+    nats.publish_many([(headers, insert_effect("ops_effect", "forged"))])
+        .await;
+    nats.wait_drained(NAME, Duration::from_secs(30)).await;
+    let letters = nats.dead_letters().await;
+    assert_eq!(letters.len(), 1);
+    let values = |name: &str| -> Vec<String> {
+        letters[0]
+            .0
+            .iter()
+            .filter(|(n, _)| AsRef::<str>::as_ref(*n).eq_ignore_ascii_case(name))
+            .flat_map(|(_, vs)| vs.iter().map(|v| v.as_str().to_string()))
+            .collect()
+    };
+    assert_eq!(values(REPLAY_ID_HEADER), Vec::<String>::new());
+    assert_eq!(values("Idemhost-Failure-Sqlstate"), Vec::<String>::new());
+    assert_eq!(values(FAILED_CONSUMER_HEADER), [NAME]);
+    assert_eq!(values(DELIVERY_ATTEMPT_HEADER), ["1"]);
+    assert_eq!(values(ORIGINAL_SUBJECT_HEADER), [nats.subject()]);
+
+    let (code, out, err) = op(&["dlq", "replay"], config, NAME, &["--all"]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(out.contains("without a valid message id"), "{out}{err}");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM processed_message WHERE message_id = 'm-victim'")
+            .await,
+        0
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM ops_effect").await, 0);
+    host.stop().await;
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
 /// A message dead-lettered because its table was missing applies once when replayed after
 /// the fix, under its original id; a replayed message that had applied is a duplicate; a repair
 /// replay applies again under a new, audited id — once.

@@ -241,27 +241,20 @@ pub async fn replay(
                 continue;
             }
         };
-        let mut headers = HeaderMap::new();
-        for (name, values) in d.headers.iter() {
-            let n = name.to_string();
-            let dropped = [
-                NATS_MSG_ID_HEADER,
-                REPLAY_ID_HEADER,
-                FAILURE_REASON_HEADER,
-                FAILED_CONSUMER_HEADER,
-                ORIGINAL_SUBJECT_HEADER,
-                DELIVERY_ATTEMPT_HEADER,
-                REPLAYED_FROM_HEADER,
-                REPLAY_SIGNATURE_HEADER,
-                REPAIR_OF_HEADER,
-            ];
-            if dropped.iter().any(|h| h.eq_ignore_ascii_case(&n)) {
-                continue;
-            }
-            for v in values {
-                headers.append(n.as_str(), v.as_str());
-            }
-        }
+        // The dead letter's own headers and an earlier replay's go; the host writes the
+        // replay's.
+        let mut headers = crate::headers::without(
+            &d.headers,
+            &[
+                &crate::headers::DEAD_LETTER_HEADERS[..],
+                &[
+                    REPLAYED_FROM_HEADER,
+                    REPLAY_SIGNATURE_HEADER,
+                    REPAIR_OF_HEADER,
+                ],
+            ]
+            .concat(),
+        );
         let from = format!("{}/{}", d.stream, d.seq);
         headers.insert(REPLAY_ID_HEADER, id.as_str());
         headers.insert(REPLAYED_FROM_HEADER, from.as_str());

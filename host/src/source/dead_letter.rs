@@ -9,9 +9,9 @@ use tracing::{error, info, warn};
 use super::ConsumerRuntime;
 use super::settle::Delivery;
 use crate::headers::{
-    DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER,
+    DEAD_LETTER_HEADERS, DELIVERY_ATTEMPT_HEADER, FAILED_CONSUMER_HEADER, FAILURE_REASON_HEADER,
     FAILURE_SQLSTATE_HEADER, NATS_MSG_ID_HEADER, ORIGINAL_SUBJECT_HEADER, REPLAY_ID_HEADER,
-    header_safe,
+    header_safe, without,
 };
 
 /// A message on its way to the dead-letter subject: its original headers (to which the reason,
@@ -89,9 +89,9 @@ impl ConsumerRuntime {
             subject: original_subject,
             payload,
         } = letter;
-        // The producer's headers, less one it could have forged: a dead letter's SQLSTATE is
-        // the host's word or absent.
-        let mut headers = without(headers, FAILURE_SQLSTATE_HEADER);
+        // The producer's headers, less those a dead letter carries in the host's word: each is
+        // the host's or absent (see `DEAD_LETTER_HEADERS`).
+        let mut headers = without(&headers, &DEAD_LETTER_HEADERS);
         if let Some(code) = sqlstate {
             headers.insert(FAILURE_SQLSTATE_HEADER, header_safe(code).as_str());
         }
@@ -120,20 +120,4 @@ impl ConsumerRuntime {
         }
         Ok(())
     }
-}
-
-/// `headers` without any value of `name` (the map has no removal).
-fn without(headers: async_nats::HeaderMap, name: &str) -> async_nats::HeaderMap {
-    if headers.get(name).is_none() {
-        return headers;
-    }
-    let mut kept = async_nats::HeaderMap::new();
-    for (key, values) in headers.iter() {
-        if AsRef::<str>::as_ref(key) != name {
-            for value in values {
-                kept.append(key.clone(), value.clone());
-            }
-        }
-    }
-    kept
 }
