@@ -243,7 +243,7 @@ async fn serve(
     let registry = Arc::new(registry);
     readiness.set_registry(registry.clone());
     metrics.set_plugins(Some(Box::new(registry::PluginCollector(registry.clone()))));
-    let runtimes = bind(config, native, pool, failover, &registry, metrics).await?;
+    let runtimes = bind(config, native, pool, failover, &registry, metrics, &js).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut background = Vec::new();
@@ -479,6 +479,7 @@ async fn bind(
     failover: &Arc<pg::Failover>,
     registry: &Plugins,
     metrics: &Arc<Metrics>,
+    host_js: &async_nats::jetstream::Context,
 ) -> anyhow::Result<Vec<Arc<source::ConsumerRuntime>>> {
     let total_in_flight: u32 = config.consumers.iter().map(|c| c.max_in_flight).sum();
     let mut runtimes = Vec::new();
@@ -514,11 +515,22 @@ async fn bind(
         // the client cannot read (a header block that is not UTF-8, which any producer can
         // publish) makes it drop the connection the message came on, and on a shared one every
         // consumer's pull requests and acks in flight went with it, each time the broker
-        // delivered that message again.
+        // delivered that message again. The watcher of the messages no delivery settles (see
+        // `source::exhausted`) reads its advisories on the host's connection, which such a
+        // message never reaches: on the consumer's, each drop cut its pull for up to its
+        // heartbeat timeout, and four such messages took over 90 s to be dead-lettered.
         let (_, js) = source::connect_nats(&config.nats).await?;
         for p in partitions {
-            let bound =
-                source::bind(&js, c, p, spread, claimer.clone(), slot.clone(), metrics).await?;
+            let bound = source::bind(
+                (&js, host_js),
+                c,
+                p,
+                spread,
+                claimer.clone(),
+                slot.clone(),
+                metrics,
+            )
+            .await?;
             let priority = p.zip(spread).map(|(p, s)| s.priority(p));
             info!(consumer = %c.name, stream = %c.stream, durable = %c.durable_name(), partition = ?p, priority = ?priority, isolation = ?c.isolation, max_in_flight = c.max_in_flight, "consumer bound");
             runtimes.push(Arc::new(

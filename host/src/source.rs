@@ -130,7 +130,7 @@ pub(crate) struct ConsumerRuntime {
 /// Provisions the consumer on the broker ([`provision`]) — of `partition`, with `partitions`
 /// (see [`partition`]), pinned or with a `spread` — and makes its runtime.
 pub(crate) async fn bind(
-    js: &jetstream::Context,
+    (js, watcher_js): (&jetstream::Context, &jetstream::Context),
     config: &ConsumerConfig,
     partition: Option<u32>,
     spread: Option<partition::Spread>,
@@ -149,7 +149,7 @@ pub(crate) async fn bind(
         durable,
         exhausted,
         prioritized,
-    } = provision::provision(js, config, partition, spread).await?;
+    } = provision::provision((js, watcher_js), config, partition, spread).await?;
     Ok(ConsumerRuntime {
         config: config.clone(),
         js: js.clone(),

@@ -121,7 +121,7 @@ fn check_transform(config: &ConsumerConfig, have: &stream::Config) -> anyhow::Re
 /// Finds (or, with `create_stream`, creates) the stream, the dead-letter stream and the durable
 /// consumer — of `partition`, with `partitions`, pinned or with a `spread`.
 pub(super) async fn provision(
-    js: &jetstream::Context,
+    (js, watcher_js): (&jetstream::Context, &jetstream::Context),
     config: &ConsumerConfig,
     partition: Option<u32>,
     spread: Option<Spread>,
@@ -139,7 +139,7 @@ pub(super) async fn provision(
     // stops one delivery later, for messages the host never got to settle, and its advisory
     // makes the watcher dead-letter them (see `exhausted`). Without the watcher's stream the
     // server redelivers without end rather than drop a message silently.
-    let exhausted = match exhausted::bind(js, &config.stream, &durable).await {
+    let exhausted = match exhausted::bind(watcher_js, &config.stream, &durable).await {
         Ok(watcher) => Some(watcher),
         Err(e) => {
             warn!(consumer = %name, error = %format!("{e:#}"),
