@@ -519,10 +519,10 @@ async fn bind(
         // `source::exhausted`) reads its advisories on the host's connection, which such a
         // message never reaches: on the consumer's, each drop cut its pull for up to its
         // heartbeat timeout, and four such messages took over 90 s to be dead-lettered.
-        let (_, js) = source::connect_nats(&config.nats).await?;
+        let link = source::connect_link(&config.nats).await?;
         for p in partitions {
             let bound = source::bind(
-                (&js, host_js),
+                (&link, host_js),
                 c,
                 p,
                 spread,

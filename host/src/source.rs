@@ -53,6 +53,26 @@ pub(crate) use settle::read_message;
 pub async fn connect_nats(
     config: &crate::config::NatsConfig,
 ) -> crate::error::Result<(async_nats::Client, async_nats::jetstream::Context)> {
+    let link = connect_link(config).await?;
+    Ok((link.js.client(), link.js))
+}
+
+/// A consumer's own NATS connection (see `host::bind`), and word of each time its client
+/// connected again.
+#[derive(Clone)]
+pub(crate) struct Link {
+    pub(crate) js: jetstream::Context,
+    /// Changes each time the client connects (again). A message the client cannot read makes
+    /// it drop the connection, and the pull request under way is lost with it: nothing more
+    /// comes for it, and it ended only at its deadline (a request's expiry and a margin, 7 s)
+    /// — each delivery of such a message held its consumer's pulls that long.
+    pub(crate) connected: watch::Receiver<()>,
+    /// Kept so that `connected` never closes while the link is in use.
+    _sender: Arc<watch::Sender<()>>,
+}
+
+/// [`connect_nats`], with the word of each (re)connection.
+pub(crate) async fn connect_link(config: &crate::config::NatsConfig) -> crate::error::Result<Link> {
     // Several servers (a cluster) are comma-separated; the client tries them in turn and then
     // also the ones the cluster announces.
     let servers: Vec<&str> = config
@@ -61,10 +81,19 @@ pub async fn connect_nats(
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .collect();
+    let (sender, connected) = watch::channel(());
+    let sender = Arc::new(sender);
+    let tell = sender.clone();
     let mut options = async_nats::ConnectOptions::new()
         .connection_timeout(config.connect_timeout.0)
         .request_timeout(Some(config.request_timeout.0))
-        .custom_inbox_prefix(&config.inbox_prefix);
+        .custom_inbox_prefix(&config.inbox_prefix)
+        .event_callback(move |event| {
+            if event == async_nats::Event::Connected {
+                tell.send_replace(());
+            }
+            async {}
+        });
     // The client does not read credentials from a URL: `nats://user:password@host` (or
     // `nats://token@host`) in the first server's URL is given to it here.
     if let Some((user, password)) = servers.first().and_then(|u| url_credentials(u)) {
@@ -79,9 +108,13 @@ pub async fn connect_nats(
             crate::pg::redact_urls(&config.url)
         )
     })?;
-    let mut js = async_nats::jetstream::new(client.clone());
+    let mut js = async_nats::jetstream::new(client);
     js.set_timeout(config.request_timeout.0);
-    Ok((client, js))
+    Ok(Link {
+        js,
+        connected,
+        _sender: sender,
+    })
 }
 
 /// The user and password (or the token, a user without a password) of a server URL,
@@ -102,7 +135,8 @@ fn url_credentials(server: &str) -> Option<(String, Option<String>)> {
 /// A bound consumer: its durable pull consumer, its handler and its claim pipeline.
 pub(crate) struct ConsumerRuntime {
     pub config: ConsumerConfig,
-    js: jetstream::Context,
+    /// The consumer's own connection.
+    link: Link,
     client: async_nats::Client,
     claimer: Claimer,
     /// The consumer's plugin slot: each delivery runs on the version current when it starts.
@@ -130,7 +164,7 @@ pub(crate) struct ConsumerRuntime {
 /// Provisions the consumer on the broker ([`provision`]) — of `partition`, with `partitions`
 /// (see [`partition`]), pinned or with a `spread` — and makes its runtime.
 pub(crate) async fn bind(
-    (js, watcher_js): (&jetstream::Context, &jetstream::Context),
+    (link, watcher_js): (&Link, &jetstream::Context),
     config: &ConsumerConfig,
     partition: Option<u32>,
     spread: Option<partition::Spread>,
@@ -149,11 +183,11 @@ pub(crate) async fn bind(
         durable,
         exhausted,
         prioritized,
-    } = provision::provision((js, watcher_js), config, partition, spread).await?;
+    } = provision::provision((&link.js, watcher_js), config, partition, spread).await?;
     Ok(ConsumerRuntime {
         config: config.clone(),
-        js: js.clone(),
-        client: js.client(),
+        link: link.clone(),
+        client: link.js.client(),
         claimer,
         plugin,
         metrics: metrics.for_consumer(
@@ -294,7 +328,7 @@ impl ConsumerRuntime {
             None => (self.durable.clone(), None),
         };
         puller::Target {
-            js: self.js.clone(),
+            link: self.link.clone(),
             durable,
             pin,
         }

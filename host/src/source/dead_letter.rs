@@ -109,6 +109,7 @@ impl ConsumerRuntime {
         headers.insert(DELIVERY_ATTEMPT_HEADER, attempt.to_string().as_str());
         let subject = self.config.dead_letter_subject();
         let ack = self
+            .link
             .js
             .publish_with_headers(subject.clone(), headers, payload)
             .await?

@@ -154,6 +154,7 @@ async fn settle(runtime: &ConsumerRuntime, advisory: &Advisory) -> anyhow::Resul
     let config = &runtime.config;
     let seq = advisory.stream_seq;
     let reply: jetstream::response::Response<RawGet> = runtime
+        .link
         .js
         .request(
             format!("STREAM.MSG.GET.{}", config.stream),

@@ -48,7 +48,8 @@ pub(super) enum Pulled {
 
 /// Where the pulls go: the stream, the durable and, for a partition, this replica's pin.
 pub(super) struct Target {
-    pub(super) js: jetstream::Context,
+    /// The consumer's own connection.
+    pub(super) link: super::Link,
     pub(super) durable: String,
     pub(super) pin: Option<Pin>,
 }
@@ -102,7 +103,7 @@ impl Puller {
         Puller {
             consumer: config.name.clone(),
             stream: config.stream.clone(),
-            caution: Caution::new(&target.js.client(), config.ack_wait.0, PULL_EXPIRES),
+            caution: Caution::new(&target.link.js.client(), config.ack_wait.0, PULL_EXPIRES),
             target,
             ordered: config.ordering.is_some(),
             batch_max: config.batch_max().max(1) as usize,
@@ -196,8 +197,19 @@ impl Puller {
         }
         let (ask, connects) = self.caution.ask(held.len());
         held.truncate(ask);
-        let Target { js, durable, pin } = &self.target;
-        match pulling::pull(js, &self.stream, durable, pin.as_ref(), ask, PULL_EXPIRES).await {
+        let Target { link, durable, pin } = &mut self.target;
+        // A (re)connection from now on ends the request (see `receive`).
+        link.connected.borrow_and_update();
+        match pulling::pull(
+            &link.js,
+            &self.stream,
+            durable,
+            pin.as_ref(),
+            ask,
+            PULL_EXPIRES,
+        )
+        .await
+        {
             Ok(messages) => Some(Request {
                 messages,
                 held,
@@ -219,6 +231,7 @@ impl Puller {
     async fn receive(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<Pulled> {
         let gathering = &mut self.gathering;
         let request = self.request.as_mut()?;
+        let connected = &mut self.target.link.connected;
         let linger = tokio::time::sleep_until(
             gathering
                 .until
@@ -246,6 +259,9 @@ impl Puller {
                 return slot.ok().map(|slot| Pulled::Group(gathering.take(self.batch_max), slot));
             }
             n = request.messages.next() => n,
+            // The client connected again: the request was lost with the connection, and
+            // nothing more comes for it. It ends now, not at its deadline.
+            _ = connected.changed() => None,
             _ = linger, if lingering => return None,
             // The last running group ended: what lingers starts now.
             () = self.group_limit.became_idle(), if lingering && !due => return None,
