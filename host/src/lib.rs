@@ -63,6 +63,7 @@ mod registry;
 pub mod rehearsal;
 mod source;
 mod sql_gate;
+mod stored;
 mod subjects;
 pub mod telemetry;
 mod text;

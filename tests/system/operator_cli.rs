@@ -131,6 +131,21 @@ fn prune(config: &Path, consumer: &str, extra: &[&str]) -> (i32, String, String)
     )
 }
 
+/// With a 1 s `replay_horizon` and 3 s later, `markers prune --older-than 2s` is refused for
+/// the message the stream still holds; the consumer's configuration file.
+async fn prune_refused_for_the_stream(env: &TestEnv, nats: &NatsEnv, name: &str) -> PathBuf {
+    let short = config_text(env, nats, name, "testkit", "replay_horizon = \"1s\"");
+    let config = write_config("prune", &short);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, _, err) = prune(&config, name, &["--older-than", "2s"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("stream {} still holds a message", nats.stream)),
+        "{err}"
+    );
+    config
+}
+
 /// `markers prune` refuses inside the replay horizon, while the stream or the dead letters
 /// still hold an older message, and inside the stream's max_age; outside all of them it
 /// deletes in bounded batches (plugin-version rows go with their markers).
@@ -193,15 +208,7 @@ async fn prune_keeps_the_replay_horizon() {
 
     // A consumer whose horizon allows pruning after seconds: now the messages themselves, still
     // in the stream and in the dead letters, are what protects their markers.
-    let short = config_text(&env, &nats, NAME, "testkit", "replay_horizon = \"1s\"");
-    let config = write_config("prune", &short);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (code, _, err) = prune(&config, NAME, &["--older-than", "2s"]);
-    assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains(&format!("stream {} still holds a message", nats.stream)),
-        "{err}"
-    );
+    let config = prune_refused_for_the_stream(&env, &nats, NAME).await;
 
     let stream = nats.js.get_stream(&nats.stream).await.unwrap();
     stream.purge().filter(nats.subject()).await.unwrap();
@@ -230,6 +237,34 @@ async fn prune_keeps_the_replay_horizon() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("deleted 1 markers"), "{out}");
     assert_eq!(env.markers(NAME).await, 0);
+    nats.cleanup().await;
+    env.cleanup().await;
+}
+
+/// A producer's message the NATS client cannot read (a header block that is not UTF-8), first
+/// in the consumer's stream and on its dead-letter subject, stops neither `markers prune`'s
+/// horizon check (it still refuses for the message, by its age) nor `dlq list` (nor the
+/// consumer samplers' oldest unacknowledged message, which `markers prune`'s lookup serves
+/// too). Before, each read the message through the client's getter, which parses the header
+/// block: "invalid header", for as long as the stream held the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_client_cannot_read_stops_no_operator_command() {
+    const NAME: &str = "unreadable-ops-v1";
+    let env = TestEnv::new("unreadable_ops").await;
+    let nats = NatsEnv::new("unreadable_ops", Duration::from_secs(60)).await;
+    let server = NATS_URL.trim_start_matches("nats://");
+    let bad: &[u8] = b"Nats-Msg-Id: unreadable-ops\r\nX-Blob: \xff\xfe\x80\r\n";
+    publish_raw(server, &nats.subject(), bad, b"{}").await;
+    publish_raw(server, &nats.dlq(), bad, b"{}").await;
+    hand_dead_letter(&nats, NAME, "m-1", "{}", "t").await;
+    let config = prune_refused_for_the_stream(&env, &nats, NAME).await;
+    let (code, out, err) = op(&["dlq", "list"], config.to_str().unwrap(), NAME, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("1 dead letter(s)") && out.contains("m-1"),
+        "{out}"
+    );
+
     nats.cleanup().await;
     env.cleanup().await;
 }

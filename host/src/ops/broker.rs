@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer::pull};
 
 use crate::config::ConsumerConfig;
+use crate::stored::{self, Which};
 
 /// A consumer's state as the broker reports it.
 #[derive(Debug, Clone, Default)]
@@ -55,15 +56,19 @@ pub(crate) async fn consumer_state(
             0 => config.subjects.clone(),
             _ => config.subjects.iter().map(|s| format!("{s}.*")).collect(),
         };
-        state.oldest_unacked = oldest_from(&stream, &subjects, after).await?;
+        state.oldest_unacked = oldest_from(js, &config.stream, &subjects, after).await?;
     }
     Ok(state)
 }
 
-/// The age of the first message at or after stream sequence `from` on any of `subjects`
-/// (all of the stream when empty); `None` when there is none.
-pub(crate) async fn oldest_from<I>(
-    stream: &jetstream::stream::Stream<I>,
+/// The age of the first message of `stream` at or after stream sequence `from` on any of
+/// `subjects` (all of the stream when empty); `None` when there is none. Read whatever a
+/// producer put in the message's header block (see [`crate::stored`]): through the client's
+/// getter a header block that is not UTF-8 failed the lookup ("invalid header"), and with it
+/// the consumer's samples and `markers prune` for as long as the stream held that message.
+pub(crate) async fn oldest_from(
+    js: &jetstream::Context,
+    stream: &str,
     subjects: &[String],
     from: u64,
 ) -> anyhow::Result<Option<Duration>> {
@@ -75,22 +80,15 @@ pub(crate) async fn oldest_from<I>(
     };
     let mut oldest: Option<Duration> = None;
     for subject in subjects {
-        match stream.get_first_raw_message_by_subject(subject, from).await {
-            Ok(m) => {
-                let age = super::age_of(m.time.unix_timestamp_nanos());
-                oldest = Some(oldest.map_or(age, |o| o.max(age)));
-            }
-            Err(e) if is_no_message(&e) => {}
-            Err(e) => return Err(anyhow::anyhow!("reading {subject} from the stream: {e}")),
+        let first = stored::get(js, stream, Which::FirstFrom(subject, from))
+            .await
+            .with_context(|| format!("reading {subject} from the stream"))?;
+        if let Some(m) = first {
+            let age = super::age_of(m.stored_at_ns);
+            oldest = Some(oldest.map_or(age, |o| o.max(age)));
         }
     }
     Ok(oldest)
-}
-
-/// Whether a message lookup found nothing (as opposed to failing).
-pub(crate) fn is_no_message(e: &jetstream::stream::RawMessageError) -> bool {
-    use jetstream::stream::RawMessageErrorKind;
-    matches!(e.kind(), RawMessageErrorKind::NoMessageFound)
 }
 
 /// The age of the oldest message `stream` holds on `subjects`, and the stream's `max_age`
@@ -105,6 +103,6 @@ pub(crate) async fn retention(
         .await
         .with_context(|| format!("stream {stream_name}"))?;
     let max_age = stream.cached_info().config.max_age;
-    let oldest = oldest_from(&stream, subjects, 1).await?;
+    let oldest = oldest_from(js, stream_name, subjects, 1).await?;
     Ok((oldest, max_age))
 }

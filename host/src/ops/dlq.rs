@@ -18,8 +18,8 @@ use crate::headers::{
 };
 
 use super::age_of;
-use super::broker::is_no_message;
 use crate::source::header;
+use crate::stored::{self, Which};
 
 /// Dead letters looked at, at most, by one listing (a subject shared by many consumers).
 const MAX_SCAN: usize = 100_000;
@@ -50,10 +50,11 @@ pub struct DeadLetter {
     payload: bytes::Bytes,
 }
 
-/// `consumer`'s dead-letter stream: its name and handle.
+/// `consumer`'s dead-letter stream: its name and handle, read through `js`.
 struct DeadLetters {
     name: String,
     stream: Stream<()>,
+    js: jetstream::Context,
 }
 
 impl DeadLetters {
@@ -64,7 +65,11 @@ impl DeadLetters {
             .await
             .with_context(|| format!("no stream captures dead_letter_subject {subject}"))?;
         let stream = js.get_stream_no_info(&name).await?;
-        Ok(DeadLetters { name, stream })
+        Ok(DeadLetters {
+            name,
+            stream,
+            js: js.clone(),
+        })
     }
 
     /// Up to `limit` of `consumer`'s dead letters, oldest first.
@@ -80,28 +85,28 @@ impl DeadLetters {
             if out.len() >= limit {
                 break;
             }
-            let m = match self
-                .stream
-                .get_first_raw_message_by_subject(&subject, seq)
+            // Read whatever a producer put in the header block: a dead-letter subject may
+            // take a producer's messages too, and one the client cannot read failed the
+            // listing (and replay) through the client's getter.
+            let Some(m) = stored::get(&self.js, &self.name, Which::FirstFrom(&subject, seq))
                 .await
-            {
-                Ok(m) => m,
-                Err(e) if is_no_message(&e) => break,
-                Err(e) => return Err(anyhow::anyhow!("reading {subject} from {}: {e}", self.name)),
+                .with_context(|| format!("reading {subject} from {}", self.name))?
+            else {
+                break;
             };
-            seq = m.sequence + 1;
+            seq = m.seq + 1;
             if header(&m.headers, FAILED_CONSUMER_HEADER).as_deref() != Some(consumer.name.as_str())
             {
                 continue;
             }
             out.push(DeadLetter {
                 stream: self.name.clone(),
-                seq: m.sequence,
+                seq: m.seq,
                 message_id: header(&m.headers, REPLAY_ID_HEADER),
                 original_subject: header(&m.headers, ORIGINAL_SUBJECT_HEADER),
                 reason: header(&m.headers, FAILURE_REASON_HEADER).unwrap_or_default(),
                 attempts: header(&m.headers, DELIVERY_ATTEMPT_HEADER).and_then(|a| a.parse().ok()),
-                age_secs: age_of(m.time.unix_timestamp_nanos()).as_secs_f64(),
+                age_secs: age_of(m.stored_at_ns).as_secs_f64(),
                 payload_bytes: m.payload.len(),
                 headers: m.headers,
                 payload: m.payload,

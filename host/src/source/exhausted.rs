@@ -7,7 +7,7 @@
 //! server gives up on a message it publishes a `MAX_DELIVERIES` advisory; a small work-queue
 //! stream per consumer keeps those advisories (core NATS alone would lose one sent while no
 //! host listens), and a watcher reads each: it fetches the stored message through the raw
-//! message API (base64 JSON, which never goes through the client's header parser), and unless
+//! message API ([`crate::stored`], which never goes through the client's header parser), and unless
 //! the marker shows it committed, dead-letters it with the reason, then acks the advisory.
 
 use std::time::Duration;
@@ -15,8 +15,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::{self, stream};
-use async_nats::{HeaderMap, HeaderName, HeaderValue};
-use base64::Engine as _;
 use futures::StreamExt;
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -25,6 +23,7 @@ use tracing::{error, info, warn};
 use super::ConsumerRuntime;
 use super::dead_letter::DeadLetterMessage;
 use crate::headers::message_id;
+use crate::stored::{Stored, Which};
 
 /// What the watcher's own durable consumer on the advisory stream is called.
 const WATCHER: &str = "idemhost-exhausted";
@@ -76,21 +75,6 @@ pub(super) async fn bind(
 struct Advisory {
     stream_seq: u64,
     deliveries: u64,
-}
-
-/// `$JS.API.STREAM.MSG.GET` reply: the stored message, headers and data in base64.
-#[derive(Deserialize)]
-struct RawGet {
-    message: RawMessage,
-}
-
-#[derive(Deserialize)]
-struct RawMessage {
-    subject: String,
-    #[serde(default)]
-    hdrs: Option<String>,
-    #[serde(default)]
-    data: Option<String>,
 }
 
 /// Reads the consumer's advisories until `shutdown`.
@@ -153,31 +137,19 @@ pub(super) async fn watch(
 async fn settle(runtime: &ConsumerRuntime, advisory: &Advisory) -> anyhow::Result<()> {
     let config = &runtime.config;
     let seq = advisory.stream_seq;
-    let reply: jetstream::response::Response<RawGet> = runtime
-        .link
-        .js
-        .request(
-            format!("STREAM.MSG.GET.{}", config.stream),
-            &serde_json::json!({ "seq": seq }),
-        )
-        .await
-        .context("raw message get failed")?;
-    let raw = match reply {
-        jetstream::response::Response::Ok(r) => r.message,
-        jetstream::response::Response::Err { error } => {
-            error!(consumer = %config.name, stream_seq = seq, %error,
-                "a message ran out of deliveries and is no longer in the stream: nothing to dead-letter");
-            return Ok(());
-        }
+    let Some(stored) = crate::stored::get(&runtime.link.js, &config.stream, Which::At(seq)).await?
+    else {
+        error!(consumer = %config.name, stream_seq = seq,
+            "a message ran out of deliveries and is no longer in the stream: nothing to dead-letter");
+        return Ok(());
     };
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let header_block = b64
-        .decode(raw.hdrs.unwrap_or_default())
-        .context("undecodable headers")?;
-    let payload = b64
-        .decode(raw.data.unwrap_or_default())
-        .context("undecodable data")?;
-    let (headers, readable) = lenient_headers(&header_block);
+    let Stored {
+        subject,
+        headers,
+        readable,
+        payload,
+        ..
+    } = stored;
     let id = message_id(&headers, &config.id_header, runtime.replay_key.as_deref()).ok();
     if let Some(id) = &id
         && runtime.claimer.marker_exists(id).await?
@@ -204,8 +176,8 @@ async fn settle(runtime: &ConsumerRuntime, advisory: &Advisory) -> anyhow::Resul
         reason: &reason,
         sqlstate: None,
         attempt: u32::try_from(advisory.deliveries).unwrap_or(u32::MAX),
-        subject: &raw.subject,
-        payload: payload.into(),
+        subject: &subject,
+        payload,
     };
     runtime
         .publish_dead_letter(letter)
@@ -213,63 +185,4 @@ async fn settle(runtime: &ConsumerRuntime, advisory: &Advisory) -> anyhow::Resul
         .map_err(|e| anyhow::anyhow!("dead-letter publish failed: {e}"))?;
     runtime.metrics.dead_lettered();
     Ok(())
-}
-
-/// Parses a NATS header block (`NATS/1.0` status line, `Name: value` lines) without failing:
-/// invalid UTF-8 is replaced, lines without a valid name are skipped. The flag says whether
-/// the block was clean, i.e. whether the client could have read it.
-pub(super) fn lenient_headers(block: &[u8]) -> (HeaderMap, bool) {
-    let text = String::from_utf8_lossy(block);
-    let mut clean = std::str::from_utf8(block).is_ok();
-    let mut fields: Vec<(String, String)> = Vec::new();
-    for line in text.split("\r\n").skip(1) {
-        if line.is_empty() {
-            continue;
-        }
-        // A line starting with whitespace continues the previous value.
-        if line.starts_with(char::is_whitespace)
-            && let Some((_, value)) = fields.last_mut()
-        {
-            value.push_str(line);
-            continue;
-        }
-        match line.split_once(':') {
-            Some((name, value)) => fields.push((name.to_string(), value.to_string())),
-            None => clean = false,
-        }
-    }
-    let mut headers = HeaderMap::new();
-    for (name, value) in fields {
-        let name: Result<HeaderName, _> = name.parse();
-        let value: Result<HeaderValue, _> = value.trim().parse();
-        match (name, value) {
-            (Ok(name), Ok(value)) => headers.append(name, value),
-            _ => clean = false,
-        }
-    }
-    (headers, clean)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lenient_headers_read_clean_and_broken_blocks() {
-        let (h, clean) = lenient_headers(b"NATS/1.0\r\nNats-Msg-Id: evt-1\r\nA: b\r\nA: c\r\n\r\n");
-        assert!(clean);
-        assert_eq!(h.get("Nats-Msg-Id").map(|v| v.as_str()), Some("evt-1"));
-        assert_eq!(h.get_all("A").count(), 2);
-
-        let (h, clean) =
-            lenient_headers(b"NATS/1.0\r\nNats-Msg-Id: evt-2\r\nX-Bin: \xff\xfe\r\n\r\n");
-        assert!(!clean);
-        assert_eq!(h.get("Nats-Msg-Id").map(|v| v.as_str()), Some("evt-2"));
-        assert_eq!(h.get("X-Bin").map(|v| v.as_str()), Some("\u{fffd}\u{fffd}"));
-
-        let (h, clean) = lenient_headers(b"NATS/1.0\r\nno colon here\r\n\r\n");
-        assert!(!clean);
-        assert_eq!(h.iter().count(), 0);
-        assert_eq!(lenient_headers(b"").0.iter().count(), 0);
-    }
 }

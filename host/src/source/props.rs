@@ -4,9 +4,9 @@
 use async_nats::HeaderMap;
 use proptest::prelude::*;
 
-use super::exhausted::lenient_headers;
 use crate::config::MAX_MESSAGE_ID_BYTES;
 use crate::headers::{header_safe, message_id, traceparent};
+use crate::stored::lenient_headers;
 
 /// Header values the client accepts: no CR or LF.
 fn header_value() -> impl Strategy<Value = String> {
