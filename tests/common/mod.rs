@@ -508,8 +508,9 @@ pub fn plugin_path(name: &str) -> PathBuf {
     p
 }
 
-/// The tests' plugin runtime, with a compile cache every test binary shares (under the target
-/// directory), so a component is compiled once per build, not once per test process.
+/// The tests' plugin runtime, with the compile cache every test binary and every host the tests
+/// start share (see [`test_compile_cache`]), so a component is compiled once, not once per test
+/// process.
 pub fn runtime() -> &'static PluginRuntime {
     static RT: std::sync::OnceLock<PluginRuntime> = std::sync::OnceLock::new();
     RT.get_or_init(|| {
@@ -519,8 +520,14 @@ pub fn runtime() -> &'static PluginRuntime {
     })
 }
 
+/// The hosts' default compile cache (`~/.cache/idemhost/components`), which the hosts the tests
+/// start, in this process or as the binary, use too: with a cache of the tests' own (under the
+/// target directory), each of the suite's 13 components loaded both ways — the four JavaScript
+/// and Python ones ~15 s of CPU each — was compiled twice in a clean run. Under the target
+/// directory only where no home directory is known.
 pub fn test_compile_cache() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile-cache")
+    idemhost::config::default_compile_cache_dir()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"))
 }
 
 pub fn load_plugin(name: &str, timeout: Duration) -> Arc<WasmHandler> {

@@ -260,8 +260,14 @@ impl Puller {
             }
             n = request.messages.next() => n,
             // The client connected again: the request was lost with the connection, and
-            // nothing more comes for it. It ends now, not at its deadline.
-            _ = connected.changed() => None,
+            // nothing more comes for it. It ends now, not at its deadline. (Word of the first
+            // connection may come after the first request: that one goes on.)
+            _ = connected.changed() => {
+                if !self.caution.connected_since(request.connects) {
+                    return None;
+                }
+                None
+            }
             _ = linger, if lingering => return None,
             // The last running group ended: what lingers starts now.
             () = self.group_limit.became_idle(), if lingering && !due => return None,

@@ -175,10 +175,15 @@ impl Caution {
         (n, self.stats.connects.load(Ordering::Relaxed))
     }
 
+    /// Whether the client connected again since `connects` (see [`Caution::ask`]).
+    pub(super) fn connected_since(&self, connects: u64) -> bool {
+        self.stats.connects.load(Ordering::Relaxed) != connects
+    }
+
     /// After a request: whether the client connected again since `connects` (then requests
     /// are single for the window from now).
     pub(super) fn after(&mut self, connects: u64) -> bool {
-        if self.stats.connects.load(Ordering::Relaxed) == connects {
+        if !self.connected_since(connects) {
             return false;
         }
         self.until = Some(tokio::time::Instant::now() + self.window);
