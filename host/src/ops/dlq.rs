@@ -223,6 +223,16 @@ pub async fn replay(
                 crate::pg::describe(&e)
             )
         })?;
+    // The dead letter's own headers and an earlier replay's go; the host writes the replay's.
+    let dropped = [
+        &crate::headers::DEAD_LETTER_HEADERS[..],
+        &[
+            REPLAYED_FROM_HEADER,
+            REPLAY_SIGNATURE_HEADER,
+            REPAIR_OF_HEADER,
+        ],
+    ]
+    .concat();
     let mut report = ReplayReport::default();
     for d in chosen {
         let Some(subject) = d.original_subject.clone() else {
@@ -246,20 +256,7 @@ pub async fn replay(
                 continue;
             }
         };
-        // The dead letter's own headers and an earlier replay's go; the host writes the
-        // replay's.
-        let mut headers = crate::headers::without(
-            &d.headers,
-            &[
-                &crate::headers::DEAD_LETTER_HEADERS[..],
-                &[
-                    REPLAYED_FROM_HEADER,
-                    REPLAY_SIGNATURE_HEADER,
-                    REPAIR_OF_HEADER,
-                ],
-            ]
-            .concat(),
-        );
+        let mut headers = crate::headers::without(&d.headers, &dropped);
         let from = format!("{}/{}", d.stream, d.seq);
         headers.insert(REPLAY_ID_HEADER, id.as_str());
         headers.insert(REPLAYED_FROM_HEADER, from.as_str());
