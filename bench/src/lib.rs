@@ -34,6 +34,7 @@ mod latency;
 mod native;
 pub mod order_flow;
 mod peers;
+mod profile;
 mod targets;
 mod usage;
 
@@ -113,6 +114,12 @@ pub struct BenchOptions {
     /// runs).
     #[arg(long)]
     pub smoke: bool,
+    /// Record each measured drain and pgbench run with `perf record` (every CPU, call graphs)
+    /// into this directory, and print where the host's and PostgreSQL's CPU per delivery
+    /// went, by part (needs `perf` and the right to watch every CPU; a profiled run is slower,
+    /// so compare its parts, not its rates).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
 }
 
 /// One drain run of the host.
@@ -131,6 +138,9 @@ pub struct HostRun {
     pub pg_cpu_us_per_msg: Option<f64>,
     /// CPU of nats-server per delivery (`None`: not on this machine).
     pub nats_cpu_us_per_msg: Option<f64>,
+    /// The drain's `perf record` file (`--profile`).
+    #[serde(skip)]
+    pub profile: Option<PathBuf>,
 }
 
 /// The servers' processes on this machine, whose CPU time the bench reads before and after a
@@ -276,12 +286,36 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
                 run.n,
                 run.distinct
             );
+            if let Some(file) = &run.profile {
+                let parts = profile::read(file, std::process::id()).await?;
+                println!(
+                    "{}",
+                    profile::table(
+                        &format!("where the CPU of {mode} at c={c} went ({})", file.display()),
+                        &parts,
+                        &[
+                            (profile::Process::Host, Some(run.cpu_us_per_msg)),
+                            (profile::Process::Postgres, run.pg_cpu_us_per_msg),
+                            (profile::Process::Nats, run.nats_cpu_us_per_msg),
+                        ],
+                    )
+                );
+            }
             runs.push(run);
         }
         if o.pgbench_seconds > 0 {
             reset(&db_url).await?;
+            let recording = match &o.profile {
+                Some(dir) => Some(profile::start(dir, &format!("pgbench-c{c}")).await?),
+                None => None,
+            };
             let before = servers.cpu();
-            match peers::pgbench(&db_url, c, o.pgbench_seconds).await {
+            let ran = peers::pgbench(&db_url, c, o.pgbench_seconds).await;
+            let recorded = match recording {
+                Some(r) => Some(r.stop().await?),
+                None => None,
+            };
+            match ran {
                 Ok((tps, transactions)) => {
                     // pgbench's backends end with it: their CPU reaches the postmaster's
                     // account only once it has reaped them (read earlier, a run at one client
@@ -292,6 +326,20 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
                         "pgbench c={c:<3} {tps:>8.0} tps (seed transaction)  cpu µs/tx: postgres {:>4}",
                         us(pg_us)
                     );
+                    if let Some(file) = &recorded {
+                        let parts = profile::read(file, std::process::id()).await?;
+                        println!(
+                            "{}",
+                            profile::table(
+                                &format!(
+                                    "where PostgreSQL's CPU per pgbench transaction at c={c} went ({})",
+                                    file.display()
+                                ),
+                                &parts,
+                                &[(profile::Process::Postgres, pg_us)],
+                            )
+                        );
+                    }
                     pgbench.insert(c, tps);
                     if let Some(v) = pg_us {
                         pgbench_cpu.insert(c, v);
@@ -665,6 +713,10 @@ async fn drain(
     if mode == "native" {
         host = host.with_handler(CONSUMER, Arc::new(RecordedNative));
     }
+    let recording = match &o.profile {
+        Some(dir) => Some(profile::start(dir, &format!("{mode}-c{c}")).await?),
+        None => None,
+    };
     let cpu0 = cpu_time();
     let servers0 = servers.cpu();
     let switches0 = context_switches();
@@ -701,6 +753,10 @@ async fn drain(
     let cpu = (cpu_time() - cpu0).as_secs_f64();
     let (pg_cpu_us_per_msg, nats_cpu_us_per_msg) = servers.cpu().per(&servers0, o.n as f64);
     let switches = context_switches().saturating_sub(switches0);
+    let profile = match recording {
+        Some(r) => Some(r.stop().await?),
+        None => None,
+    };
     let _ = stop.send(());
     task.await??;
     verify(db_url, distinct)
@@ -716,6 +772,7 @@ async fn drain(
         switches_per_msg: switches as f64 / o.n as f64,
         pg_cpu_us_per_msg,
         nats_cpu_us_per_msg,
+        profile,
     })
 }
 
