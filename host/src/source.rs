@@ -312,7 +312,9 @@ impl ConsumerRuntime {
             Pulled::Waiting(group) => {
                 tasks.spawn(async move {
                     let waiting: Vec<&jetstream::Message> = group.iter().map(|(m, _)| m).collect();
-                    let slot = this.with_progress(&waiting, slots.acquire_owned()).await;
+                    let slot = this
+                        .with_progress(&waiting, std::pin::pin!(slots.acquire_owned()))
+                        .await;
                     if let Ok(slot) = slot {
                         this.settle_batch(slot, group, limit).await;
                     }
@@ -378,7 +380,7 @@ impl ConsumerRuntime {
         let mut next = Some(first);
         while let Some((msg, credit)) = next {
             let slot = self
-                .with_progress(&[&msg], slots.clone().acquire_owned())
+                .with_progress(&[&msg], std::pin::pin!(slots.clone().acquire_owned()))
                 .await;
             if let Ok(slot) = slot {
                 self.settle(msg, (slot, credit)).await;
@@ -435,5 +437,21 @@ mod tests {
             assert_eq!(puller::pull_credits(&consumer(extra)), credits, "{extra}");
         }
         assert_eq!(max_waiting(&consumer("batch_max = 1")), 0);
+    }
+
+    /// Telling JetStream a delivery is in progress wraps the delivery's work by reference: a
+    /// delivery's work is its whole transaction, and taken by value it was held twice in the
+    /// wrapper (the argument and its pinned copy), each task 34 KB.
+    #[tokio::test]
+    async fn telling_progress_holds_the_work_by_reference() {
+        let work = std::pin::pin!(async {
+            let held = [1u8; 8192];
+            tokio::task::yield_now().await;
+            held.iter().map(|b| usize::from(*b)).sum::<usize>()
+        });
+        let wrapped = settle::progress_while(Duration::from_secs(1), &[], work);
+        let size = std::mem::size_of_val(&wrapped);
+        assert!(size < 1024, "the wrapper holds {size} bytes");
+        assert_eq!(wrapped.await, 8192);
     }
 }

@@ -2,6 +2,8 @@
 //! (alone first, then with others in one group-commit transaction), then ack after the commit,
 //! nak with backoff, or dead-letter (`dead_letter`) and term.
 
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +31,9 @@ impl ConsumerRuntime {
     pub(super) async fn settle(&self, msg: jetstream::Message, lease: Lease) {
         let (mut delivery, read) = self.prepare(msg);
         let span = delivery.span.clone();
-        async {
+        // Made in place and instrumented by reference: moved into the span's wrapper, the
+        // delivery's whole future was copied once more.
+        let delivery_work = pin!(async {
             let Some(mut message) = self.admit(&delivery, read).await else {
                 return;
             };
@@ -40,13 +44,18 @@ impl ConsumerRuntime {
                 // One version from here to the ack: a swap meanwhile affects only later deliveries.
                 let active = self.plugin.start_delivery();
                 tracing::Span::current().record("plugin", active.version.digest.as_str());
-                let processed = self.with_progress(&[&delivery.msg], self.claimer.process(active.handler.as_ref(), &message)).await;
+                let work = pin!(self.claimer.process(active.handler.as_ref(), &message));
+                let processed = self.with_progress(&[&delivery.msg], work).await;
                 self.record(&message, &processed);
-                match (disposition(&processed.outcome, delivery.attempt, &self.config), &processed.outcome) {
+                match (
+                    disposition(&processed.outcome, delivery.attempt, &self.config),
+                    &processed.outcome,
+                ) {
                     (Disposition::RetryInPlace { delay }, Outcome::RetryableFailure(reason)) => {
                         let sqlstate = processed.failure.as_ref().and_then(|f| f.sqlstate());
                         warn!(outcome = "retryable_failure", %reason, sqlstate, ?delay, "delivery failed; retried in place, its ordering key waits");
-                        self.with_progress(&[&delivery.msg], tokio::time::sleep(delay)).await;
+                        self.with_progress(&[&delivery.msg], pin!(tokio::time::sleep(delay)))
+                            .await;
                         delivery.attempt += 1;
                         tracing::Span::current().record("attempt", delivery.attempt);
                         self.metrics.started(delivery.attempt);
@@ -57,9 +66,8 @@ impl ConsumerRuntime {
                     }
                 }
             }
-        }
-        .instrument(span)
-        .await
+        });
+        delivery_work.instrument(span).await
     }
 
     /// Group commit: handles `group` in one transaction (see [`Claimer::process_batch`]) on the
@@ -87,13 +95,11 @@ impl ConsumerRuntime {
         }
         let active = self.plugin.start_delivery();
         let refs: Vec<&jetstream::Message> = ready.iter().map(|d| &d.msg).collect();
-        let results = self
-            .with_progress(
-                &refs,
-                self.claimer
-                    .process_batch(active.handler.as_ref(), &messages),
-            )
-            .await;
+        let work = pin!(
+            self.claimer
+                .process_batch(active.handler.as_ref(), &messages)
+        );
+        let results = self.with_progress(&refs, work).await;
         // The transaction is over: the next batch may start, and more be pulled, while these
         // are acked. A group that met a conflict (its messages needed more than one
         // transaction) lowers how many groups run at once.
@@ -313,19 +319,31 @@ impl ConsumerRuntime {
     }
 
     /// Runs `work`, telling JetStream the delivery is in progress every third of `ack_wait` so
-    /// a slow (but bounded) delivery is not redelivered to someone else meanwhile.
+    /// a slow (but bounded) delivery is not redelivered to someone else meanwhile (see
+    /// [`progress_while`]).
     pub(super) async fn with_progress<T>(
         &self,
         msgs: &[&jetstream::Message],
-        work: impl Future<Output = T>,
+        work: Pin<&mut impl Future<Output = T>>,
     ) -> T {
-        let every = self.config.ack_wait.0 / 3;
-        tokio::pin!(work);
-        loop {
-            tokio::select! {
-                out = &mut work => return out,
-                _ = tokio::time::sleep(every) => tell_in_progress(msgs).await,
-            }
+        progress_while(self.config.ack_wait.0 / 3, msgs, work).await
+    }
+}
+
+/// Runs `work`, telling JetStream `msgs` are in progress every `every`. `work` is pinned where
+/// the caller made it: a delivery's work is its whole transaction, a future of several
+/// kilobytes, and one taken by value was held twice in this one's state (the argument and its
+/// pinned copy) and copied into it; the task that runs a delivery was then copied whole when
+/// spawned (34 KB, for every delivery).
+pub(super) async fn progress_while<T>(
+    every: Duration,
+    msgs: &[&jetstream::Message],
+    mut work: Pin<&mut impl Future<Output = T>>,
+) -> T {
+    loop {
+        tokio::select! {
+            out = work.as_mut() => return out,
+            _ = tokio::time::sleep(every) => tell_in_progress(msgs).await,
         }
     }
 }

@@ -231,7 +231,10 @@ impl Connections {
                     continue;
                 }
                 Some(kept) => (kept.conn, kept.since),
-                None => match self.take_from_pool(returned, deadline).await? {
+                // Boxed: the pool's `acquire` (which may open a connection) is a future of
+                // ~15 KB, which every delivery's future held inline though kept connections
+                // serve nearly all of them.
+                None => match Box::pin(self.take_from_pool(returned, deadline)).await? {
                     Some(conn) if self.moved_since(asked) => {
                         // Opened while the primary moved, perhaps to the old one.
                         close(conn);
