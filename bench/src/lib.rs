@@ -258,6 +258,7 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
         // would always be the WASM one.
         let warm_up = BenchOptions {
             n: o.n.min(2_000),
+            profile: None,
             ..o.clone()
         };
         drain(&warm_up, &db_url, &js, "native", top, &servers).await?;
