@@ -288,34 +288,21 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
                 run.distinct
             );
             if let Some(file) = &run.profile {
-                let parts = profile::read(file, std::process::id()).await?;
-                println!(
-                    "{}",
-                    profile::table(
-                        &format!("where the CPU of {mode} at c={c} went ({})", file.display()),
-                        &parts,
-                        &[
-                            (profile::Process::Host, Some(run.cpu_us_per_msg)),
-                            (profile::Process::Postgres, run.pg_cpu_us_per_msg),
-                            (profile::Process::Nats, run.nats_cpu_us_per_msg),
-                        ],
-                    )
-                );
+                let per_delivery = [
+                    (profile::Process::Host, Some(run.cpu_us_per_msg)),
+                    (profile::Process::Postgres, run.pg_cpu_us_per_msg),
+                    (profile::Process::Nats, run.nats_cpu_us_per_msg),
+                ];
+                profile::print(file, &format!("the CPU of {mode} at c={c}"), &per_delivery).await?;
             }
             runs.push(run);
         }
         if o.pgbench_seconds > 0 {
             reset(&db_url).await?;
-            let recording = match &o.profile {
-                Some(dir) => Some(profile::start(dir, &format!("pgbench-c{c}")).await?),
-                None => None,
-            };
+            let recording = profile::start(o.profile.as_deref(), &format!("pgbench-c{c}")).await?;
             let before = servers.cpu();
             let ran = peers::pgbench(&db_url, c, o.pgbench_seconds).await;
-            let recorded = match recording {
-                Some(r) => Some(r.stop().await?),
-                None => None,
-            };
+            let recorded = profile::stop(recording).await?;
             match ran {
                 Ok((tps, transactions)) => {
                     // pgbench's backends end with it: their CPU reaches the postmaster's
@@ -328,18 +315,9 @@ pub async fn run(mut o: BenchOptions) -> anyhow::Result<serde_json::Value> {
                         us(pg_us)
                     );
                     if let Some(file) = &recorded {
-                        let parts = profile::read(file, std::process::id()).await?;
-                        println!(
-                            "{}",
-                            profile::table(
-                                &format!(
-                                    "where PostgreSQL's CPU per pgbench transaction at c={c} went ({})",
-                                    file.display()
-                                ),
-                                &parts,
-                                &[(profile::Process::Postgres, pg_us)],
-                            )
-                        );
+                        let title = format!("PostgreSQL's CPU per pgbench transaction at c={c}");
+                        profile::print(file, &title, &[(profile::Process::Postgres, pg_us)])
+                            .await?;
                     }
                     pgbench.insert(c, tps);
                     if let Some(v) = pg_us {
@@ -714,10 +692,7 @@ async fn drain(
     if mode == "native" {
         host = host.with_handler(CONSUMER, Arc::new(RecordedNative));
     }
-    let recording = match &o.profile {
-        Some(dir) => Some(profile::start(dir, &format!("{mode}-c{c}")).await?),
-        None => None,
-    };
+    let recording = profile::start(o.profile.as_deref(), &format!("{mode}-c{c}")).await?;
     let cpu0 = cpu_time();
     let servers0 = servers.cpu();
     let switches0 = context_switches();
@@ -754,10 +729,7 @@ async fn drain(
     let cpu = (cpu_time() - cpu0).as_secs_f64();
     let (pg_cpu_us_per_msg, nats_cpu_us_per_msg) = servers.cpu().per(&servers0, o.n as f64);
     let switches = context_switches().saturating_sub(switches0);
-    let profile = match recording {
-        Some(r) => Some(r.stop().await?),
-        None => None,
-    };
+    let profile = profile::stop(recording).await?;
     let _ = stop.send(());
     task.await??;
     verify(db_url, distinct)

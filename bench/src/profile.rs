@@ -31,8 +31,37 @@ pub(super) struct Recording {
     file: PathBuf,
 }
 
+/// Starts recording every CPU into `dir/name.data` when there is a `dir` (`--profile`).
+pub(super) async fn start(dir: Option<&Path>, name: &str) -> anyhow::Result<Option<Recording>> {
+    match dir {
+        Some(dir) => record(dir, name).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Stops `recording`, if any (see [`Recording::stop`]).
+pub(super) async fn stop(recording: Option<Recording>) -> anyhow::Result<Option<PathBuf>> {
+    match recording {
+        Some(r) => r.stop().await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads `file` and prints where `what` went: each process's parts, with its CPU per delivery
+/// in `per_delivery` (see [`table`]).
+pub(super) async fn print(
+    file: &Path,
+    what: &str,
+    per_delivery: &[(Process, Option<f64>)],
+) -> anyhow::Result<()> {
+    let parts = read(file, std::process::id()).await?;
+    let title = format!("where {what} went ({})", file.display());
+    println!("{}", table(&title, &parts, per_delivery));
+    Ok(())
+}
+
 /// Starts recording every CPU into `dir/name.data`.
-pub(super) async fn start(dir: &Path, name: &str) -> anyhow::Result<Recording> {
+async fn record(dir: &Path, name: &str) -> anyhow::Result<Recording> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let file = dir.join(format!("{name}.data"));
     let mut child = Command::new("perf")
@@ -73,7 +102,7 @@ pub(super) async fn start(dir: &Path, name: &str) -> anyhow::Result<Recording> {
 
 impl Recording {
     /// Stops recording (SIGINT: perf writes its file and exits) and returns the file.
-    pub(super) async fn stop(mut self) -> anyhow::Result<PathBuf> {
+    async fn stop(mut self) -> anyhow::Result<PathBuf> {
         if let Some(pid) = self.child.id() {
             // SAFETY: `kill` has no memory effects; `pid` is our own child, not yet reaped.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
@@ -261,7 +290,7 @@ fn part_of(frames: &[String], rules: &[(&'static str, &[&str])]) -> &'static str
 }
 
 /// Samples per part, for each process.
-pub(super) type Parts = BTreeMap<Process, BTreeMap<&'static str, usize>>;
+type Parts = BTreeMap<Process, BTreeMap<&'static str, usize>>;
 
 /// Sorts the samples of `script` into parts.
 fn sort(script: &str, host_pid: u32) -> Parts {
@@ -282,7 +311,7 @@ fn sort(script: &str, host_pid: u32) -> Parts {
 }
 
 /// Reads `file` with `perf script` and sorts its samples (see [`sort`]).
-pub(super) async fn read(file: &Path, host_pid: u32) -> anyhow::Result<Parts> {
+async fn read(file: &Path, host_pid: u32) -> anyhow::Result<Parts> {
     let out = Command::new("perf")
         .args(["script", "-F", "comm,pid,ip,sym", "-i"])
         .arg(file)
@@ -299,7 +328,7 @@ pub(super) async fn read(file: &Path, host_pid: u32) -> anyhow::Result<Parts> {
 
 /// The table of `parts`: each process's parts as shares of its samples and, with its CPU per
 /// delivery (µs) in `per_delivery`, as µs per delivery.
-pub(super) fn table(title: &str, parts: &Parts, per_delivery: &[(Process, Option<f64>)]) -> String {
+fn table(title: &str, parts: &Parts, per_delivery: &[(Process, Option<f64>)]) -> String {
     let mut out = format!(
         "\n{title}\n| process | part | samples | share | µs per delivery |\n|---|---|---|---|---|\n"
     );
