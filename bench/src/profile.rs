@@ -64,6 +64,7 @@ pub(super) async fn print(
 async fn record(dir: &Path, name: &str) -> anyhow::Result<Recording> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let file = dir.join(format!("{name}.data"));
+    let said = dir.join(format!("{name}.perf.log"));
     let mut child = Command::new("perf")
         .args([
             "record",
@@ -78,7 +79,10 @@ async fn record(dir: &Path, name: &str) -> anyhow::Result<Recording> {
         .arg(&file)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        // To a file, not a pipe nobody reads while it records: a full pipe would stall perf.
+        .stderr(
+            std::fs::File::create(&said).with_context(|| format!("creating {}", said.display()))?,
+        )
         .kill_on_drop(true)
         .spawn()
         .context("perf not runnable (--profile needs `perf`: apt-get install linux-perf)")?;
@@ -86,11 +90,7 @@ async fn record(dir: &Path, name: &str) -> anyhow::Result<Recording> {
     // CPU: perf_event_paranoid, or a container) exits at once, saying why.
     tokio::time::sleep(Duration::from_millis(300)).await;
     if let Some(status) = child.try_wait()? {
-        let mut why = String::new();
-        if let Some(mut err) = child.stderr.take() {
-            use tokio::io::AsyncReadExt as _;
-            let _ = err.read_to_string(&mut why).await;
-        }
+        let why = std::fs::read_to_string(&said).unwrap_or_default();
         bail!(
             "perf record exited ({status}) before recording: {} (recording every CPU needs root \
              or CAP_PERFMON, or kernel.perf_event_paranoid ≤ 0)",

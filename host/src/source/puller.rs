@@ -264,8 +264,10 @@ impl Puller {
             // connection may come after the first request: that one goes on.)
             _ = connected.changed() => {
                 if !self.caution.connected_since(request.connects) {
+                    // Nothing to yield; the request goes on.
                     return None;
                 }
+                // Below: the request ends.
                 None
             }
             _ = linger, if lingering => return None,
